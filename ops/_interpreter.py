@@ -1,0 +1,75 @@
+"""Running tk's Triton kernels on CPU tensors through Triton's interpreter.
+
+Triton interprets kernels (numpy executes each program of the grid) when
+``TRITON_INTERPRET=1`` is set before ``triton`` is imported: ``@triton.jit``
+then builds interpreted functions instead of compiled ones.  tk cannot rely
+on that switch: the same process may run CUDA tensors (compiled kernels)
+and CPU tensors (interpreted), and importing ``ops`` must not change how
+other code's kernels are built.  So the CPU path builds the interpreted
+version of a kernel itself.
+
+One wrinkle: library functions such as ``tl.max`` or ``tl.sigmoid`` are
+``@triton.jit`` functions too, and a compiled-mode jit function refuses to
+be called from Python.  While an interpreted launch runs, such nested calls
+are routed to the interpreter, exactly as ``TRITON_INTERPRET=1`` would do.
+"""
+
+import contextlib
+import threading
+
+from triton.runtime import interpreter
+from triton.runtime.jit import JITFunction
+
+_lock = threading.Lock()
+_functions: dict[int, interpreter.InterpretedFunction] = {}
+
+
+def _interpreted_function(kernel) -> interpreter.InterpretedFunction:
+    """The interpreter's version of a jit function (autotuners are unwrapped)."""
+    fn = kernel
+    while not isinstance(fn, (JITFunction, interpreter.InterpretedFunction)):
+        fn = fn.fn  # Autotuner and Heuristics keep the kernel they wrap in .fn
+    if isinstance(fn, interpreter.InterpretedFunction):  # TRITON_INTERPRET=1 was set
+        return fn
+    found = _functions.get(id(fn))
+    if found is None:
+        found = _functions[id(fn)] = interpreter.InterpretedFunction(fn.fn)
+    return found
+
+
+def _call_nested(jit_function, *args, **kwargs):
+    """A jit function called from inside an interpreted kernel (``tl.max`` ...)."""
+    scope = interpreter._patch_lang(jit_function.fn)  # its own module's tl/core builtins
+    try:
+        return _interpreted_function(jit_function).rewrite()(*args, **kwargs)
+    finally:
+        scope.restore()
+
+
+@contextlib.contextmanager
+def _nested_jit_calls_interpreted():
+    with _lock:
+        original = JITFunction.__call__
+        JITFunction.__call__ = _call_nested
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
+
+
+class InterpretedKernel:
+    """``kernel[grid](*args)`` on CPU tensors, run by Triton's interpreter.
+
+    Launch options meant for the GPU compiler (num_warps, num_stages) are
+    accepted and ignored.
+    """
+
+    def __init__(self, kernel):
+        self.function = _interpreted_function(kernel)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            with _nested_jit_calls_interpreted():
+                return self.function.run(*args, grid=grid, warmup=False, **kwargs)
+
+        return launch

@@ -1,0 +1,170 @@
+"""How a tk op is registered: one Triton body, two homes.
+
+Every op is written once, as a *body*: a Python function that checks its
+arguments, allocates outputs and launches Triton kernels through
+``launcher(kernel, tensor)``.  ``register_op`` then publishes it as
+``torch.ops.tk.<name>``:
+
+* **CUDA**: the op is a ``torch.library.triton_op``.  In eager mode the body
+  launches the compiled kernels directly; under ``torch.compile`` Inductor
+  traces into the body, sees each kernel through ``wrap_triton`` and puts the
+  hand-written kernel itself into the generated code (no graph break).
+* **CPU** (and meta/fake tensors): the same body runs inside an opaque
+  ``torch.library.custom_op`` named ``tk::<name>_cpu`` whose kernels are the
+  *same* Triton kernels executed by Triton's interpreter.  Inductor cannot
+  compile a user Triton kernel for the CPU, so on CPU the compiled graph calls
+  that opaque op; its fake implementation is the body with launches skipped.
+
+So the numbers a CPU test checks come from the very kernels that run on the
+GPU, only interpreted (slowly) by numpy instead of compiled.
+"""
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
+
+from ._interpreter import InterpretedKernel
+
+NAMESPACE = "tk"
+
+# --------------------------------------------------------------------------
+# Launching a kernel on whatever device the tensors live on.
+# --------------------------------------------------------------------------
+
+
+class _SkipLaunch:
+    """Stands in for a kernel when the tensors are fake: shapes only, no data."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+_SKIP = _SkipLaunch()
+_interpreted: dict[int, InterpretedKernel] = {}
+
+
+def launcher(kernel, like: torch.Tensor):
+    """What to index with a grid to launch ``kernel`` on ``like``'s device.
+
+    CUDA: ``wrap_triton(kernel)``, which Inductor can trace.  CPU: the same
+    kernel run by Triton's interpreter.  Fake or meta tensors: nothing runs.
+    """
+    if like.device.type == "cuda":
+        return wrap_triton(kernel)
+    if like.device.type == "meta" or is_fake(like):
+        return _SKIP
+    found = _interpreted.get(id(kernel))
+    if found is None:
+        found = _interpreted[id(kernel)] = InterpretedKernel(kernel)
+    return found
+
+
+def on_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+# --------------------------------------------------------------------------
+# Argument checks shared by the ops: clear errors before any kernel runs.
+# --------------------------------------------------------------------------
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SUPPORTED_DEVICES = ("cuda", "cpu", "meta")
+
+
+def check_tensor(op: str, arg: str, t, dtypes=FLOAT_DTYPES, ndims=None) -> None:
+    """Raise TypeError/ValueError naming ``op``'s argument ``arg`` if ``t`` does not fit."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tk.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"tk.{op}: {arg} has dtype {str(t.dtype).replace('torch.', '')}; supported: {names}")
+    if t.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"tk.{op}: {arg} is on device {t.device}; tk ops run on cuda and cpu")
+    if ndims is not None and t.dim() not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"tk.{op}: {arg} must be {want}-D, got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+
+
+def check_same(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    """All tensors on one device and of one dtype."""
+    (first_name, first), *rest = tensors.items()
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(f"tk.{op}: {first_name} is on {first.device} but {name} is on {t.device}")
+        if t.dtype != first.dtype:
+            raise TypeError(f"tk.{op}: {first_name} has dtype {first.dtype} but {name} has dtype {t.dtype}")
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """True if ``t``'s elements fill one contiguous span of memory (any order)."""
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+
+
+# --------------------------------------------------------------------------
+# Registration.
+# --------------------------------------------------------------------------
+
+
+def register_op(name: str, body: Callable) -> Any:
+    """Publish ``body`` as ``torch.ops.tk.<name>`` (see the module docstring).
+
+    ``body`` needs type hints (the schema is inferred from them) and must
+    launch its kernels through ``launcher``.  Returns the op's CustomOpDef,
+    on which autograd can be registered.
+    """
+    cpu_op = torch.library.custom_op(f"{NAMESPACE}::{name}_cpu", body, mutates_args=(), device_types="cpu")
+    cpu_op.register_fake(body)
+
+    @functools.wraps(body)
+    def dispatch(*args, **kwargs):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if device.type == "cuda":
+            return body(*args, **kwargs)
+        return cpu_op(*args, **kwargs)
+
+    return triton_op(f"{NAMESPACE}::{name}", dispatch, mutates_args=())
+
+
+# --------------------------------------------------------------------------
+# The spec: what the comparison harness needs to know about an op.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A declarative description of one op, read by ``compare`` and the tests.
+
+    Shapes are op-specific tuples (numel for gelu, (rows, cols) for softmax,
+    (M, N, K) for matmul); everything the harness does with one goes through
+    the callables below, so the harness needs no op-specific code.
+    """
+
+    name: str
+    tk: Callable  # the hand-written op: tk(*inputs)
+    reference: Callable  # the PyTorch op it competes with, same call
+    make_inputs: Callable[[tuple, torch.dtype, torch.device], tuple]
+    bytes_moved: Callable[[tuple, torch.dtype], int]  # the fewest bytes a kernel must move
+    flops: Callable[[tuple, torch.dtype], int]
+    tolerance: dict[torch.dtype, float]  # max relative norm error vs float64
+    shapes: dict[str, list[tuple]]  # default sweep per device type ("cuda", "cpu")
+    describe: Callable[[tuple], str] = lambda shape: "x".join(map(str, shape))
+    dtypes: tuple = (torch.bfloat16, torch.float16, torch.float32)
+    bound: str = "memory"  # "memory": judged against copy bandwidth; "compute": against cuBLAS
+    unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
+    peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
+    reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs
+
+
+SPECS: dict[str, OpSpec] = {}
+
+
+def register_spec(spec: OpSpec) -> OpSpec:
+    if spec.name in SPECS:
+        raise ValueError(f"op {spec.name!r} is registered twice")
+    SPECS[spec.name] = spec
+    return spec

@@ -1,0 +1,201 @@
+"""GELU: the first elementwise op, forward and backward.
+
+    gelu(x)      = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))          approximate="none"
+    gelu_tanh(x) = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))  approximate="tanh"
+
+Each program handles one BLOCK_SIZE slice of the flattened tensor: the
+pattern of every elementwise kernel.  The work is one read and one write per
+element, so the kernel is bound by memory bandwidth; the math is done in
+float32 whatever the storage dtype.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._registry import OpSpec, check_same, check_tensor, is_dense, launcher, on_cuda, register_op, register_spec
+
+SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
+SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
+TANH_CUBIC = tl.constexpr(0.044715)
+
+
+@triton.jit
+def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    # int64 before the multiply: pid * BLOCK_SIZE passes 2**31 on tensors of 2**31+ elements.
+    start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements  # the last block hangs past the end
+    x = tl.load(x_ptr + offsets, mask=mask)
+    if x.dtype != tl.float64:  # resolved at compile time: half and float32 inputs compute in float32
+        x = x.to(tl.float32)
+    if APPROXIMATE_TANH:
+        inner = SQRT_2_PI * (x + TANH_CUBIC * x * x * x)
+        tanh = 2.0 * tl.sigmoid(2.0 * inner) - 1.0  # tanh(u) = 2*sigmoid(2u) - 1
+        y = 0.5 * x * (1.0 + tanh)
+    else:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * SQRT_1_2))
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_backward_kernel(
+    grad_ptr, x_ptr, dx_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    grad = tl.load(grad_ptr + offsets, mask=mask)
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+        grad = grad.to(tl.float32)
+    if APPROXIMATE_TANH:
+        inner = SQRT_2_PI * (x + TANH_CUBIC * x * x * x)
+        tanh = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+        d_inner = SQRT_2_PI * (1.0 + 3.0 * TANH_CUBIC * x * x)
+        dy_dx = 0.5 * (1.0 + tanh) + 0.5 * x * (1.0 - tanh * tanh) * d_inner
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT_1_2))
+        pdf = INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+        dy_dx = cdf + x * pdf
+    tl.store(dx_ptr + offsets, (grad * dy_dx).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_config(n: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_SIZE, num_warps) for n elements.
+
+    GPU: 4096 elements for 256 threads is 16 per thread, enough independent
+    loads in flight to hide memory latency; small tensors get a smaller block
+    so that they still spread over many SMs.  Interpreter: one big block, since
+    every program costs Python overhead there.
+    """
+    if device.type != "cuda":
+        return min(triton.next_power_of_2(max(n, 1)), 1 << 16), 1
+    if n >= 1 << 22:
+        return 4096, 8
+    return 1024, 4
+
+
+def _check_approximate(approximate: str) -> bool:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"tk.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate == "tanh"
+
+
+def _elementwise_grid(n: int, block: int) -> tuple[int]:
+    return ((n + block - 1) // block,)
+
+
+def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    check_tensor("gelu", "x", x)
+    tanh = _check_approximate(approximate)
+    if not is_dense(x):
+        x = x.contiguous()  # a dense tensor of any layout is one flat span; others are copied once
+    y = torch.empty_like(x)  # same strides as x, so both are walked in the same flat order
+    n = x.numel()
+    if n == 0:
+        return y
+    block, warps = _launch_config(n, x.device)
+    launcher(gelu_forward_kernel, x)[_elementwise_grid(n, block)](
+        x, y, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
+    )
+    return y
+
+
+def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    check_tensor("gelu_backward", "grad", grad)
+    check_tensor("gelu_backward", "x", x)
+    check_same("gelu_backward", {"grad": grad, "x": x})
+    if grad.shape != x.shape:
+        raise ValueError(f"tk.gelu_backward: grad has shape {tuple(grad.shape)} but x has {tuple(x.shape)}")
+    tanh = _check_approximate(approximate)
+    if not (is_dense(x) and grad.stride() == x.stride()):
+        grad, x = grad.contiguous(), x.contiguous()
+    dx = torch.empty_like(x)
+    n = x.numel()
+    if n == 0:
+        return dx
+    block, warps = _launch_config(n, x.device)
+    launcher(gelu_backward_kernel, x)[_elementwise_grid(n, block)](
+        grad, x, dx, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
+    )
+    return dx
+
+
+gelu = register_op("gelu", _gelu)
+gelu_backward = register_op("gelu_backward", _gelu_backward)
+
+
+def _setup_context(ctx, inputs, output):
+    x, approximate = inputs
+    ctx.save_for_backward(x)
+    ctx.approximate = approximate
+
+
+def _backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.tk.gelu_backward(grad, x, ctx.approximate), None
+
+
+gelu.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+
+def gelu_tanh_unfused(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU as people write it by hand: several kernels in eager mode."""
+    return 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x**3)))
+
+
+def _make_inputs(shape, dtype, device):
+    (n,) = shape
+    return (torch.randn(n, dtype=dtype, device=device),)
+
+
+def _bytes(shape, dtype):
+    (n,) = shape
+    return 2 * n * torch.empty((), dtype=dtype).element_size()  # read x, write y
+
+
+_SHAPES = {
+    "cuda": [(1 << k,) for k in (12, 16, 20, 22, 24, 26, 28)],
+    "cpu": [(1000,), (65_537,), (1 << 20,)],
+}
+_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
+
+register_spec(
+    OpSpec(
+        name="gelu",
+        tk=lambda x: torch.ops.tk.gelu(x, "tanh"),
+        reference=lambda x: F.gelu(x, approximate="tanh"),
+        unfused={"eager-unfused": gelu_tanh_unfused},
+        make_inputs=_make_inputs,
+        bytes_moved=_bytes,
+        flops=lambda shape, dtype: 10 * shape[0],
+        tolerance=_TOLERANCE,
+        shapes=_SHAPES,
+        describe=lambda shape: f"n=2^{math.log2(shape[0]):.0f}" if shape[0] & (shape[0] - 1) == 0 else f"n={shape[0]}",
+    )
+)
+
+register_spec(
+    OpSpec(
+        name="gelu_erf",
+        tk=lambda x: torch.ops.tk.gelu(x, "none"),
+        reference=lambda x: F.gelu(x, approximate="none"),
+        make_inputs=_make_inputs,
+        bytes_moved=_bytes,
+        flops=lambda shape, dtype: 8 * shape[0],
+        tolerance=_TOLERANCE,
+        shapes=_SHAPES,
+        describe=lambda shape: f"n=2^{math.log2(shape[0]):.0f}" if shape[0] & (shape[0] - 1) == 0 else f"n={shape[0]}",
+    )
+)
