@@ -1,0 +1,96 @@
+"""How many kernels a call launches, from ``torch.profiler``.
+
+On a GPU a kernel is a device activity of the profiler (kernels, and the
+memcpy/memset a call issues): an unfused composition shows several, a fused
+one shows one.
+
+A CPU has no kernel launches to observe, so the count there is of the
+*operations* a call runs: Inductor's C++ kernels (visible because compiled
+variants are built with ``cpp.enable_kernel_profile``), ATen ops called at
+the top level, and custom ops (a tk op is one, whatever it runs inside),
+leaving out allocations, views and other bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+# ATen ops that launch no computation of their own.
+_BOOKKEEPING = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros_like", "view", "reshape",
+    "_reshape_alias", "as_strided", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze", "detach",
+    "alias", "lift_fresh", "resolve_conj", "resolve_neg", "set_", "resize_", "contiguous", "_unsafe_view",
+    "select", "slice", "numpy_T", "result_type", "to", "_to_copy", "item", "_local_scalar_dense",
+}  # fmt: skip
+
+
+@dataclass
+class KernelProfile:
+    count: int
+    names: list[str]  # one per launch of one call, in order
+    device_us: dict[str, float] = field(default_factory=dict)  # kernel name -> device time per call (GPU)
+    unit: str = "kernels"
+
+
+def _is_op(name: str) -> bool:
+    return "::" in name and not name.startswith("aten::")
+
+
+def _counts_on_cpu(event) -> bool:
+    name = event.name
+    if "cpp_fused" in name or "triton_" in name:
+        return True
+    if name.startswith("aten::"):
+        return name[len("aten::") :] not in _BOOKKEEPING
+    return _is_op(name)
+
+
+def _cpu_launches(events) -> list[str]:
+    """Top-most counted events: nothing inside a counted op is counted again."""
+    names = []
+    for ev in events:
+        if not _counts_on_cpu(ev):
+            continue
+        parent = ev.cpu_parent
+        nested = False
+        while parent is not None:
+            if _counts_on_cpu(parent):
+                nested = True
+                break
+            parent = parent.cpu_parent
+        if not nested:
+            names.append(ev.name)
+    return names
+
+
+def _is_device_event(ev) -> bool:
+    return getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA
+
+
+def profile_call(fn: Callable, args: tuple, device: torch.device, calls: int = 2) -> KernelProfile:
+    """Profile ``calls`` calls of an already warmed-up ``fn`` and return one call's share."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = list(prof.events())
+    if device.type == "cuda":
+        launched = [ev for ev in events if _is_device_event(ev)]
+        names = [ev.name for ev in launched]
+        device_us: dict[str, float] = {}
+        for ev in launched:
+            device_us[ev.name] = device_us.get(ev.name, 0.0) + ev.time_range.elapsed_us() / calls
+        count = len(names) // calls
+        return KernelProfile(count, names[:count], device_us, "kernels")
+    names = _cpu_launches(events)
+    count = len(names) // calls
+    return KernelProfile(count, names[:count], {}, "ops")

@@ -1,0 +1,76 @@
+"""Throughput against problem size, one line per variant, the measured limit drawn."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# One colour and marker per variant kind, so that a reader finds tk at a glance.
+_STYLE = {
+    "eager": ("tab:blue", "o", "-"),
+    "unfused": ("tab:cyan", "v", "--"),
+    "compile": ("tab:orange", "s", "-"),
+    "max-autotune": ("tab:red", "D", "-"),
+    "tk": ("tab:green", "*", "-"),
+    "peer": ("tab:purple", "^", ":"),
+}
+
+
+def throughput(doc: dict, path: Path) -> Path:
+    compute = doc["bound"] == "compute"
+    metric, unit = ("tflops", "TFLOP/s") if compute else ("gbps", "GB/s")
+    size_key = "flops" if compute else "bytes"
+    dtypes = list(dict.fromkeys(r["dtype"] for r in doc["records"]))
+    fig, axes = plt.subplots(1, max(len(dtypes), 1), figsize=(6.4 * max(len(dtypes), 1), 4.8), squeeze=False)
+    lim = doc["limits"]
+    for ax, dtype in zip(axes[0], dtypes):
+        recs = [r for r in doc["records"] if r["dtype"] == dtype]
+        variants = list(dict.fromkeys(r["variant"] for r in recs))
+        seen_kinds: dict[str, int] = {}
+        for name in variants:
+            pts = sorted((r for r in recs if r["variant"] == name and r[metric] is not None), key=lambda r: r[size_key])
+            if not pts:
+                continue
+            kind = pts[0]["kind"]
+            color, marker, style = _STYLE.get(kind, ("tab:gray", "x", "-"))
+            nth = seen_kinds[kind] = seen_kinds.get(kind, -1) + 1
+            # Later variants of a kind (compile of the unfused composition...): same colour, dashed, hollow.
+            face = color if nth == 0 else "white"
+            style = style if nth == 0 else ("--", "-.", ":")[(nth - 1) % 3]
+            lw = 2.4 if kind == "tk" else 1.5
+            ax.plot([r[size_key] for r in pts], [r[metric] for r in pts], style, marker=marker, color=color, lw=lw,
+                    ms=10 if marker == "*" else 6, mfc=face, label=name)  # fmt: skip
+            wrong = [r for r in pts if r["status"] == "wrong"]
+            if wrong:
+                ax.scatter([r[size_key] for r in wrong], [r[metric] for r in wrong], s=140, facecolors="none",
+                           edgecolors="red", lw=1.5, zorder=5, label=f"{name}: wrong result")  # fmt: skip
+        limit = (lim.get("matmul", {}).get(dtype) or {}).get("tflops") if compute else (lim.get("copy") or {}).get("gbps")
+        if limit:
+            what = "matmul (torch)" if compute else "copy bandwidth"
+            ax.axhline(limit, color="black", ls="--", lw=1, label=f"measured {what}: {limit:,.3g} {unit}")
+        sizes = sorted({r[size_key]: r["shape_label"] for r in recs}.items())
+        ax.set_xscale("log", base=2)
+        if sizes:
+            ax.set_xticks([s for s, _ in sizes])
+            ax.set_xticklabels([label for _, label in sizes], rotation=30, ha="right", fontsize=8)
+            ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(("FLOPs" if compute else "bytes moved") + " per call (shape)")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{doc['op']} {dtype}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    device = doc["environment"].get("gpu") or "CPU, wall clock"
+    note = "  (interpreted tk not plotted)" if doc["settings"]["device"] == "cpu" else ""
+    fig.suptitle(f"{doc['op']}: throughput on {device}{note}", fontsize=11)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

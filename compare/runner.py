@@ -1,0 +1,315 @@
+"""The sweep: every variant of an op on every (dtype, shape), one process.
+
+For each (dtype, shape):
+
+1. inputs from ``spec.make_inputs``, and the float64 answer from
+   ``spec.reference64 or spec.reference`` on float64 copies of them;
+2. per variant: build it (``torch.compile`` after ``torch._dynamo.reset()``,
+   so that no shape sees another's compiled graph or autotune result), time
+   the first call, check its output against the float64 answer, count its
+   kernels with the profiler;
+3. time the variants *interleaved*: round after round, each variant once
+   per round with the same repetition time, so that a clock drifting down
+   under power capping penalizes none of them alone.
+
+Any exception in a variant becomes a ``failed`` record and the sweep goes
+on; ``KeyboardInterrupt`` stops it, after the partial report is written in
+the run's own folder (the ``logs/<op>`` link still names the last complete
+report).
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import environment, kernels, limits as limits_mod, timing
+from .variants import Variant, VariantSkipped
+
+CUDAGRAPH_BELOW_MS = 0.05  # steady-state time under which the CUDA-graph replay time is also given
+
+
+@dataclass
+class Settings:
+    device: torch.device
+    rep_ms: float  # per variant and round: do_bench's rep on CUDA, the wall-clock budget on CPU
+    rounds: int
+    cudagraph: bool = True
+    capture: object | None = None  # compare.capture.Capture, when output code is being captured
+
+
+@dataclass
+class Case:
+    """One variant on one (dtype, shape), while it runs."""
+
+    variant: Variant
+    record: dict
+    fn: object = None
+    samples: timing.Samples = field(default_factory=timing.Samples)
+
+
+def _error_text(stage: str, exc: BaseException) -> str:
+    text = f"{stage}: {type(exc).__name__}: {exc}".strip()
+    first_lines = text.splitlines()[:6]
+    return "\n".join(first_lines)[:2000]
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _to64(args: tuple, device: torch.device) -> tuple:
+    return tuple(a.to(device=device, dtype=torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def reference64(spec, args: tuple, device: torch.device) -> list[torch.Tensor]:
+    """The float64 answer, on the device, or on the CPU when the device has no room for it."""
+    ref = spec.reference64 or spec.reference
+    try:
+        return [t.detach() for t in _tensors(ref(*_to64(args, device)))]
+    except torch.cuda.OutOfMemoryError:
+        _free(device)
+        return [t.detach() for t in _tensors(ref(*_to64(args, torch.device("cpu"))))]
+
+
+def errors(out, expected: list[torch.Tensor]) -> tuple[float, float]:
+    """(relative norm error, max absolute error) of ``out`` against the float64 answer.
+
+    Relative norm error = ||out - expected|| / ||expected||, over every output
+    tensor together; a NaN or inf where the answer is finite is an infinite error.
+    """
+    got = _tensors(out)
+    if len(got) != len(expected):
+        raise ValueError(f"returned {len(got)} tensor(s), the reference {len(expected)}")
+    diff_sq = ref_sq = 0.0
+    max_abs = 0.0
+    for g, e in zip(got, expected):
+        if tuple(g.shape) != tuple(e.shape):
+            raise ValueError(f"output shape {tuple(g.shape)} differs from the reference's {tuple(e.shape)}")
+        g64 = g.detach().to(device=e.device, dtype=torch.float64)
+        finite = torch.isfinite(e)
+        if not bool(torch.equal(torch.isfinite(g64), finite)):
+            return math.inf, math.inf
+        d = torch.where(finite, g64 - e, torch.zeros_like(e))  # inf/NaN where expected: matched above
+        diff_sq += float(torch.sum(d * d))
+        ref_sq += float(torch.sum(torch.where(finite, e, torch.zeros_like(e)) ** 2))
+        if d.numel():
+            max_abs = max(max_abs, float(d.abs().max()))
+    if ref_sq == 0.0:
+        return (0.0 if diff_sq == 0.0 else math.inf), max_abs
+    return math.sqrt(diff_sq / ref_sq), max_abs
+
+
+def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, settings: Settings) -> dict:
+    device = settings.device
+    return {
+        "op": spec.name,
+        "dtype": limits_mod.dtype_name(dtype),
+        "shape": list(shape),
+        "shape_label": spec.describe(shape),
+        "variant": variant.name,
+        "kind": variant.kind,
+        "status": "failed",
+        "error": None,
+        "interpreted": variant.interpreted(device),
+        "device": device.type,
+        "timing_method": timing.method(device),
+        "bytes": int(spec.bytes_moved(shape, dtype)),
+        "flops": int(spec.flops(shape, dtype)),
+        "tolerance": spec.tolerance.get(dtype),
+        "rel_error": None,
+        "max_abs_error": None,
+        "first_call_ms": None,
+        "median_ms": None,
+        "p20_ms": None,
+        "p80_ms": None,
+        "samples": 0,
+        "cudagraph_ms": None,
+        "gbps": None,
+        "tflops": None,
+        "limit_share": None,
+        "speedup_vs_eager": None,
+        "speedup_vs_compile": None,
+        "kernels": None,
+        "kernel_unit": None,
+        "kernel_names": [],
+        "kernel_device_us": {},
+        "sm_clock_mhz": None,
+        "best": False,
+    }
+
+
+def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings, progress) -> None:
+    """Build, first call, correctness and kernel count of one variant."""
+    v, rec, device = case.variant, case.record, settings.device
+    stage = "build"
+    capture = settings.capture if v.compiled else None
+    try:
+        progress(f"{v.name}: building" + (" and compiling" if v.compiled else ""))
+        if capture is not None:
+            with capture.recording(spec, v, dtype, shape):
+                case.fn = v.build(device)
+                stage = "first call"
+                out, rec["first_call_ms"] = timing.first_call(case.fn, args, device)
+        else:
+            case.fn = v.build(device)
+            stage = "first call"
+            out, rec["first_call_ms"] = timing.first_call(case.fn, args, device)
+        stage = "check"
+        rel, max_abs = errors(out, expected)
+        del out
+        rec["rel_error"], rec["max_abs_error"] = rel, max_abs
+        tol = spec.tolerance.get(dtype)
+        rec["status"] = "ok" if tol is not None and rel <= tol else "wrong"
+        if rec["status"] == "wrong":
+            rec["error"] = f"relative error {rel:.3g} above the tolerance {tol}"
+        stage = "profile"
+        progress(f"{v.name}: counting kernels", True)
+        prof = kernels.profile_call(case.fn, args, device)
+        rec["kernels"], rec["kernel_unit"], rec["kernel_names"] = prof.count, prof.unit, prof.names
+        rec["kernel_device_us"] = {k: round(t, 3) for k, t in prof.device_us.items()}
+    except VariantSkipped as e:
+        rec["status"], rec["error"], case.fn = "skipped", str(e), None
+    except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
+        if stage == "profile":  # the variant itself works: keep it, note what failed
+            rec["error"] = _error_text("kernel count", e)
+        else:
+            rec["status"], rec["error"], case.fn = "failed", _error_text(stage, e), None
+            rec["traceback"] = traceback.format_exc(limit=-8)[-4000:]
+        _free(device)
+
+
+def _time(cases: list[Case], args, settings: Settings, progress) -> None:
+    device = settings.device
+    progress(f"timing {sum(c.fn is not None for c in cases)} variants, {settings.rounds} interleaved round(s)")
+    for r in range(settings.rounds):
+        for case in cases:
+            if case.fn is None:
+                continue
+            progress(f"{case.variant.name}: timing, round {r + 1}/{settings.rounds}", True)
+            try:
+                case.samples.add(timing.bench(case.fn, args, device, settings.rep_ms))
+            except Exception as e:  # noqa: BLE001
+                case.record["status"], case.record["error"] = "failed", _error_text("timing", e)
+                case.fn = None
+                _free(device)
+    timed = [c for c in cases if c.fn is not None and c.samples.ms]
+    for case in timed:
+        s, rec = case.samples, case.record
+        rec["median_ms"], rec["p20_ms"], rec["p80_ms"] = s.median, s.quantile(0.2), s.quantile(0.8)
+        rec["samples"] = len(s.ms)
+    # A small call: every variant also gets its CUDA-graph replay time, the time
+    # without host overhead (a variant with a slow host path is small too).
+    if settings.cudagraph and device.type == "cuda" and timed and min(c.samples.median for c in timed) < CUDAGRAPH_BELOW_MS:
+        for case in timed:
+            progress(f"{case.variant.name}: CUDA-graph replay", True)
+            case.record["cudagraph_ms"] = timing.bench_cudagraph(case.fn, args, rep_ms=max(settings.rep_ms / 2, 10))
+
+
+def derive(records: list[dict], bound: str, limit: float | None) -> None:
+    """Throughput, share of the limit, speed-ups and the best mark for one (dtype, shape)."""
+    by_name = {r["variant"]: r for r in records}
+
+    def usable(r):
+        return r is not None and r["median_ms"] and r["status"] in ("ok", "wrong") and not r["interpreted"]
+
+    eager = by_name.get("eager")
+    compiled = next((r for r in records if r["kind"] == "compile"), None)
+    for r in records:
+        if not usable(r):
+            continue
+        sec = r["median_ms"] * 1e-3
+        r["gbps"] = r["bytes"] / sec / 1e9
+        r["tflops"] = r["flops"] / sec / 1e12
+        value = r["tflops"] if bound == "compute" else r["gbps"]
+        r["limit_share"] = value / limit if limit else None
+        if usable(eager) and eager["status"] == "ok":
+            r["speedup_vs_eager"] = eager["median_ms"] / r["median_ms"]
+        if usable(compiled) and compiled["status"] == "ok":
+            r["speedup_vs_compile"] = compiled["median_ms"] / r["median_ms"]
+    ranked = [r for r in records if usable(r) and r["status"] == "ok"]
+    if ranked:
+        min(ranked, key=lambda r: r["median_ms"])["best"] = True
+
+
+def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, progress) -> list[dict]:
+    """All records of one (dtype, shape)."""
+    device = settings.device
+    cases = [Case(v, _base_record(spec, v, dtype, shape, settings)) for v in variants]
+    label = f"{spec.name} {limits_mod.dtype_name(dtype)} {spec.describe(shape)}"
+
+    def say(text, detail=False):
+        progress.status(f"{label} | {text}", detail)
+
+    args = expected = None
+    try:
+        say("inputs and float64 reference")
+        torch.manual_seed(0)
+        args = spec.make_inputs(shape, dtype, device)
+        expected = reference64(spec, args, device)
+    except Exception as e:  # noqa: BLE001
+        for c in cases:
+            c.record["error"] = _error_text("inputs", e)
+            if c.variant.kind == "peer":  # a peer that is not installed stays "skipped"
+                try:
+                    c.variant.build(device)
+                except VariantSkipped as skip:
+                    c.record["status"], c.record["error"] = "skipped", str(skip)
+                except Exception:  # noqa: BLE001 - it failed anyway, for the reason above
+                    pass
+        _free(device)
+        return [c.record for c in cases]
+
+    if any(v.compiled for v in variants):
+        torch._dynamo.reset()  # a fresh compile per shape: no dynamic shapes, no reused autotune result
+    for c in cases:
+        _prepare(c, spec, dtype, shape, args, expected, settings, say)
+    del expected
+    _free(device)
+    _time(cases, args, settings, say)
+    if device.type == "cuda":
+        clock = environment.sm_clock_mhz()
+        for c in cases:
+            c.record["sm_clock_mhz"] = clock
+    records = [c.record for c in cases]
+    limit, _ = limits_mod.limit_for(limits, spec.bound, dtype)
+    derive(records, spec.bound, limit)
+    for c in cases:
+        c.fn = None
+    del args, cases
+    _free(device)
+    return records
+
+
+def sweep(spec, variants, dtypes, shapes, settings: Settings, limits: dict, progress, on_records=None) -> list[dict]:
+    records = []
+    for dtype in dtypes:
+        for shape in shapes:
+            found = sweep_case(spec, variants, dtype, shape, settings, limits, progress)
+            records.extend(found)
+            if on_records:
+                on_records(found)
+    return records
+
+
+def run_dir_name(now, pid: int) -> str:
+    return now.strftime("%Y%m%dT%H%M%SZ") + f"-{pid}"
+
+
+def ensure_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,333 @@
+"""The comparison harness end to end, on the CPU, on tiny sizes."""
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import ops
+from compare import cli, kernels, report, runner, schema, timing
+from compare.variants import all_variants, select
+from ops._registry import OpSpec
+
+FAST = ["--rep-ms", "2", "--rounds", "1", "--quiet", "--no-capture"]
+
+
+def run(tmp_path, *argv) -> int:
+    return cli.main([*argv, "--out", str(tmp_path), *FAST])
+
+
+def load(root: Path, op: str) -> dict:
+    return json.loads((root / op / "results.json").read_text())
+
+
+def records(doc, **match):
+    return [r for r in doc["records"] if all(r[k] == v for k, v in match.items())]
+
+
+def check_files_consistent(root: Path, op: str) -> dict:
+    """JSON valid, CSV the same records, markdown naming every row, PNG a PNG."""
+    folder = root / op
+    assert folder.is_symlink() and folder.resolve().parent.parent == (root / "runs").resolve()
+    doc = load(root, op)
+    assert schema.validate(doc) == []
+    assert doc["complete"] is True and doc["op"] == op
+    with open(folder / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(doc["records"]) > 0
+    assert list(rows[0]) == list(schema.RECORD_FIELDS)
+    for row, rec in zip(rows, doc["records"]):
+        assert row["variant"] == rec["variant"] and row["status"] == rec["status"]
+        assert row["shape"] == "x".join(map(str, rec["shape"]))
+        for key in ("median_ms", "first_call_ms", "rel_error", "gbps"):
+            if rec[key] is None:
+                assert row[key] == ""
+            else:
+                assert float(row[key]) == pytest.approx(rec[key], rel=1e-12)
+    md = (folder / "report.md").read_text()
+    for rec in doc["records"]:
+        if rec["status"] != "skipped":
+            assert f"| {rec['variant']}" in md
+            assert rec["shape_label"] in md
+    assert "## Measured limits" in md and "copy bandwidth" in md
+    png = (folder / "throughput.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "![throughput](throughput.png)" in md
+    return doc
+
+
+# --------------------------------------------------------------------------
+# Every registered op, end to end (eager, compositions and tk: no compile).
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def all_ops_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logs")
+    assert run(root, "--op", "all", "--variants", "eager,unfused,tk,peer", "--quick") == 0
+    return root
+
+
+@pytest.mark.parametrize("op", sorted(ops.SPECS))
+def test_every_op_end_to_end(all_ops_run, op):
+    doc = check_files_consistent(all_ops_run, op)
+    spec = ops.SPECS[op]
+    shape = list(spec.shapes["cpu"][0])
+    eager = records(doc, variant="eager")[0]
+    tk = records(doc, variant="tk")[0]
+    assert eager["shape"] == tk["shape"] == shape and eager["dtype"] == "float32"
+    assert eager["status"] == tk["status"] == "ok"
+    assert 0 <= tk["rel_error"] <= spec.tolerance[torch.float32]
+    # Interpreted tk: timed, but no throughput or speed-up and never "best".
+    assert tk["interpreted"] and tk["median_ms"] > 0 and tk["gbps"] is None and tk["speedup_vs_eager"] is None
+    assert not tk["best"] and eager["best"]
+    assert eager["gbps"] == pytest.approx(eager["bytes"] / (eager["median_ms"] * 1e-3) / 1e9)
+    assert eager["speedup_vs_eager"] == pytest.approx(1.0)
+    assert eager["limit_share"] == pytest.approx(
+        (eager["tflops"] / doc["limits"]["matmul"]["float32"]["tflops"])
+        if spec.bound == "compute"
+        else eager["gbps"] / doc["limits"]["copy"]["gbps"]
+    )
+    assert tk["kernels"] == 1 and tk["kernel_unit"] == "ops"  # the tk op, opaque on CPU
+    assert eager["first_call_ms"] > 0 and eager["p20_ms"] <= eager["median_ms"] <= eager["p80_ms"]
+    for name in spec.unfused:
+        assert records(doc, variant=name)[0]["status"] == "ok"
+    for name in spec.peers:  # not installed here: skipped, listed, not in the table
+        assert any(s["variant"] == name for s in doc["skipped"])
+
+
+def test_latest_points_at_the_complete_run(all_ops_run):
+    latest = all_ops_run / "latest"
+    assert latest.is_symlink()
+    for op in ops.SPECS:
+        assert (latest / op / "results.json").is_file()
+        assert (all_ops_run / op).resolve().parent == latest.resolve()
+
+
+# --------------------------------------------------------------------------
+# torch.compile, once, on one tiny shape: fusion shows in the counts.
+# --------------------------------------------------------------------------
+
+
+def test_compile_variants_and_fusion(tmp_path):
+    assert run(tmp_path, "--op", "gelu", "--shapes", "1000", "--variants", "eager,unfused,compile,tk") == 0
+    doc = check_files_consistent(tmp_path, "gelu")
+    by = {r["variant"]: r for r in doc["records"]}
+    assert set(by) == {"eager", "eager-unfused", "compile", "compile-unfused", "tk"}
+    assert all(r["status"] == "ok" for r in by.values())
+    assert by["eager-unfused"]["kernels"] >= 4  # mul, pow, add, tanh ... one op each
+    assert by["compile-unfused"]["kernels"] == 1 and by["compile"]["kernels"] == 1
+    assert any("cpp_fused" in n for n in by["compile-unfused"]["kernel_names"])
+    # The first call compiles: far slower than a steady-state call, and reported apart.
+    assert by["compile"]["first_call_ms"] > 20 * by["compile"]["median_ms"]
+    assert by["compile"]["speedup_vs_compile"] == pytest.approx(1.0)
+    assert by["eager"]["speedup_vs_compile"] == pytest.approx(by["compile"]["median_ms"] / by["eager"]["median_ms"])
+
+
+# --------------------------------------------------------------------------
+# Failures: a small spec built here, never touching ops/.
+# --------------------------------------------------------------------------
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _raises(x):
+    raise Boom("kernel exploded")
+
+
+def _crashing_peer():
+    return _raises
+
+
+def _missing_peer():
+    raise ImportError("No module named 'nonexistent_lib'")
+
+
+def _inputs(shape, dtype, device):
+    if shape[0] == 13:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    if shape[0] == 99:
+        raise KeyboardInterrupt
+    return (torch.linspace(-3, 3, shape[0], dtype=dtype, device=device),)
+
+
+class FlakyAfterFirst:
+    """Works for the first call and the profiler, fails once timing starts."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        if self.calls > 3:
+            raise Boom("failed on call 4")
+        return torch.sigmoid(x)
+
+
+def fake_spec(name="fake"):
+    return OpSpec(
+        name=name,
+        tk=torch.sigmoid,
+        reference=torch.sigmoid,
+        make_inputs=_inputs,
+        bytes_moved=lambda shape, dtype: 2 * shape[0] * 4,
+        flops=lambda shape, dtype: 4 * shape[0],
+        tolerance={torch.float32: 1e-5},
+        shapes={"cpu": [(64,), (13,), (256,)], "cuda": [(64,)]},
+        describe=lambda shape: f"n={shape[0]}",
+        dtypes=(torch.float32,),
+        unfused={"eager-raises": _raises, "eager-wrong": lambda x: torch.sigmoid(x) * 1.01, "eager-flaky": FlakyAfterFirst()},
+        peers={"missing": _missing_peer, "crashy": _crashing_peer},
+    )
+
+
+@pytest.fixture
+def fake_op(monkeypatch):
+    spec = fake_spec()
+    monkeypatch.setitem(ops.SPECS, spec.name, spec)
+    return spec
+
+
+def test_failures_are_rows_and_the_run_goes_on(tmp_path, fake_op, capsys):
+    assert run(tmp_path, "--op", "fake", "--variants", "eager,unfused,tk,peer") == 0
+    doc = check_files_consistent(tmp_path, "fake")
+    n64 = {r["variant"]: r for r in records(doc, shape=[64])}
+    assert n64["eager"]["status"] == "ok" and n64["tk"]["status"] == "ok"
+    raised = n64["eager-raises"]
+    assert raised["status"] == "failed" and raised["median_ms"] is None
+    assert "first call" in raised["error"] and "Boom: kernel exploded" in raised["error"]
+    wrong = n64["eager-wrong"]
+    assert wrong["status"] == "wrong" and wrong["rel_error"] == pytest.approx(0.01, rel=1e-3)
+    assert wrong["median_ms"] > 0 and wrong["gbps"] > 0 and not wrong["best"]  # timed, flagged
+    assert "tolerance" in wrong["error"]
+    flaky = n64["eager-flaky"]
+    assert flaky["status"] == "failed" and flaky["error"].startswith("timing: Boom")
+    assert n64["crashy"]["status"] == "failed" and "kernel exploded" in n64["crashy"]["error"]
+    assert n64["missing"]["status"] == "skipped" and "nonexistent_lib" in n64["missing"]["error"]
+    assert doc["skipped"] == [{"variant": "missing", "reason": n64["missing"]["error"]}]
+    # The shape whose inputs could not be made: every variant failed, saying why.
+    n13 = records(doc, shape=[13])
+    assert n13 and all(r["status"] in ("failed", "skipped") for r in n13)
+    assert all("OutOfMemoryError" in r["error"] for r in n13 if r["variant"] != "missing")
+    # ...and the sweep went on to the next shape.
+    assert records(doc, shape=[256], variant="eager")[0]["status"] == "ok"
+    md = (tmp_path / "fake" / "report.md").read_text()
+    assert "WRONG" in md and "FAILED" in md and "## Failures and wrong results" in md
+    assert "peer `missing` skipped" in md
+    table = report.terminal_tables(doc)
+    assert "eager-wrong" in table and "(!)" in table and "missing" not in table
+
+
+def test_interrupted_run_keeps_the_previous_report(tmp_path, monkeypatch):
+    good = fake_spec()
+    monkeypatch.setitem(ops.SPECS, "fake", good)
+    assert run(tmp_path, "--op", "fake", "--variants", "eager", "--shapes", "64") == 0
+    before_op = os.readlink(tmp_path / "fake")
+    before_latest = os.readlink(tmp_path / "latest")
+    # Second run: the second shape's inputs raise KeyboardInterrupt (Ctrl-C).
+    assert run(tmp_path, "--op", "fake", "--variants", "eager", "--shapes", "64,99") == 130
+    assert os.readlink(tmp_path / "fake") == before_op
+    assert os.readlink(tmp_path / "latest") == before_latest
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    partial = json.loads((runs[-1] / "fake" / "results.json").read_text())
+    assert partial["complete"] is False and [r["shape"] for r in partial["records"]] == [[64]]
+    assert "Incomplete" in (runs[-1] / "fake" / "report.md").read_text()
+    assert load(tmp_path, "fake")["complete"] is True
+
+
+# --------------------------------------------------------------------------
+# Clear errors for bad options.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--op", "nosuchop"], ["unknown op 'nosuchop'", "gelu", "softmax", "matmul", "all"]),
+        (["--op", "gelu", "--dtypes", "float8"], ["unknown dtype 'float8'", "float32", "bfloat16"]),
+        (["--op", "gelu", "--variants", "eager,turbo"], ["unknown variant(s) turbo", "eager-unfused", "tk"]),
+        (["--op", "softmax", "--shapes", "64"], ["needs 2 dim(s)", "4096x128"]),
+        (["--op", "gelu", "--shapes", "12a"], ["bad shape '12a'"]),
+        (["--op", "all", "--shapes", "64"], ["--shapes needs a single op"]),
+    ],
+)
+def test_usage_errors(tmp_path, capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_dtype_aliases_and_defaults():
+    spec = ops.SPECS["gelu"]
+    assert cli.parse_dtypes("bf16,fp32", spec) == [torch.bfloat16, torch.float32]
+    assert cli.default_dtypes(spec, torch.device("cpu")) == [torch.float32]
+    assert cli.default_dtypes(spec, torch.device("cuda")) == list(spec.dtypes)
+    assert cli.parse_shapes("4096x128, 64x1000", ops.SPECS["softmax"]) == [(4096, 128), (64, 1000)]
+
+
+# --------------------------------------------------------------------------
+# Pieces.
+# --------------------------------------------------------------------------
+
+
+def test_variants_come_from_the_spec_only():
+    names = [v.name for v in all_variants(ops.SPECS["gelu"], max_autotune=True)]
+    assert names == ["eager", "eager-unfused", "compile", "compile-unfused", "compile-max-autotune",
+                     "compile-max-autotune-unfused", "tk"]  # fmt: skip
+    spec = fake_spec()
+    kinds = {v.name: v.kind for v in all_variants(spec)}
+    assert kinds["missing"] == kinds["crashy"] == "peer" and "compile-max-autotune" not in kinds
+    assert [v.name for v in select(all_variants(spec), ["compile", "tk"])] == [
+        "compile", "compile-raises", "compile-wrong", "compile-flaky", "tk"]  # fmt: skip
+
+
+def test_relative_error():
+    ref = [torch.tensor([3.0, 4.0], dtype=torch.float64)]
+    assert runner.errors(torch.tensor([3.0, 4.0]), ref) == (0.0, 0.0)
+    rel, max_abs = runner.errors(torch.tensor([3.0, 4.5]), ref)
+    assert rel == pytest.approx(0.1) and max_abs == pytest.approx(0.5)
+    assert runner.errors(torch.tensor([3.0, float("nan")]), ref)[0] == math.inf
+    with pytest.raises(ValueError, match="shape"):
+        runner.errors(torch.tensor([3.0]), ref)
+
+
+def test_samples_quantiles():
+    s = timing.Samples()
+    s.add([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s.median == 3.0 and s.quantile(0.2) == pytest.approx(1.8) and s.quantile(0.8) == pytest.approx(4.2)
+    assert timing.Samples().median is None
+
+
+def test_cpu_op_count_ignores_bookkeeping():
+    x = torch.randn(100)
+    prof = kernels.profile_call(lambda t: (t * 2).reshape(10, 10).t().contiguous().sum(), (x,), torch.device("cpu"))
+    assert prof.unit == "ops"
+    assert prof.names == ["aten::mul", "aten::clone", "aten::sum"]
+
+
+def test_schema_validation_catches_problems():
+    good = {k: None for k in schema.TOP_FIELDS} | {"schema": schema.SCHEMA, "schema_version": 1, "records": []}
+    assert schema.validate(good) == []
+    rec = runner._base_record(fake_spec(), all_variants(fake_spec())[0], torch.float32, (64,),
+                              runner.Settings(torch.device("cpu"), 1.0, 1))  # fmt: skip
+    rec["error"] = "inputs: Boom"
+    assert schema.validate(good | {"records": [rec]}) == []
+    bad = dict(rec, status="great", kernels="3")
+    del bad["median_ms"]
+    problems = schema.validate(good | {"records": [bad], "schema_version": 2})
+    assert any("schema_version" in p or "v2" in p for p in problems)
+    assert any("missing 'median_ms'" in p for p in problems)
+    assert any("status 'great'" in p for p in problems)
+    assert any("kernels='3'" in p for p in problems)
+    assert json.loads(json.dumps(report._clean({"x": [math.inf, 1.0]}))) == {"x": [None, 1.0]}
