@@ -17,6 +17,7 @@ are routed to the interpreter, exactly as ``TRITON_INTERPRET=1`` would do.
 import contextlib
 import threading
 
+from triton.language import core as tl_core
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
 
@@ -39,11 +40,13 @@ def _interpreted_function(kernel) -> interpreter.InterpretedFunction:
 
 def _call_nested(jit_function, *args, **kwargs):
     """A jit function called from inside an interpreted kernel (``tl.max`` ...)."""
-    scope = interpreter._patch_lang(jit_function.fn)  # its own module's tl/core builtins
-    try:
-        return _interpreted_function(jit_function).rewrite()(*args, **kwargs)
-    finally:
-        scope.restore()
+    return _interpreted_function(jit_function).rewrite()(*args, **kwargs)
+
+
+def _sees_triton_core():
+    """Its globals hold ``triton.language.core``: patching for it reaches the
+    builtins that library functions such as ``tl.max`` call through ``core``."""
+    return tl_core
 
 
 @contextlib.contextmanager
@@ -51,9 +54,11 @@ def _nested_jit_calls_interpreted():
     with _lock:
         original = JITFunction.__call__
         JITFunction.__call__ = _call_nested
+        core_patches = interpreter._patch_lang(_sees_triton_core)  # once per launch: patching is slow
         try:
             yield
         finally:
+            core_patches.restore()
             JITFunction.__call__ = original
 
 

@@ -1,0 +1,221 @@
+"""Matrix multiplication C = A @ B, 2-D or batched 3-D, any strides.
+
+Each program computes one BLOCK_M x BLOCK_N tile of C, walking K in
+BLOCK_K steps and accumulating in float32 (float64 for float64 inputs).
+
+Grouped ("swizzled") program order: programs are numbered so that GROUP_M
+consecutive programs cover a column of tiles before moving right.  Programs
+that run at the same time then share the same B tiles and a few A tiles in
+L2, instead of each streaming its own row of A and a whole sweep of B.
+
+Precision: float16 and bfloat16 use the tensor cores with a float32
+accumulator.  float32 follows PyTorch's switch: exact IEEE products unless
+``torch.backends.cuda.matmul.allow_tf32`` is True, then TF32 (10-bit
+mantissa products, much faster).  float64 is exact.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ._registry import OpSpec, check_same, check_tensor, launcher, on_cuda, register_op, register_spec
+
+
+def _config(block_m, block_n, block_k, stages, warps):
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}, num_stages=stages, num_warps=warps
+    )
+
+
+# Tile shapes tried by the autotuner, per (M, N, K).  Large tiles feed Hopper's
+# tensor cores (128x256x64 won on an H100); small ones keep skinny or small
+# problems from leaving most SMs idle.  Shared memory per stage is
+# (BLOCK_M + BLOCK_N) * BLOCK_K * element size: 128x256x64 bf16 is 48 KiB.
+_CONFIGS = [
+    _config(128, 256, 64, 3, 8),
+    _config(256, 128, 64, 3, 8),
+    _config(128, 128, 64, 4, 8),
+    _config(128, 128, 32, 4, 4),
+    _config(64, 128, 64, 4, 4),
+    _config(128, 64, 64, 4, 4),
+    _config(64, 64, 64, 4, 4),
+    _config(32, 64, 64, 4, 4),
+]
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # Grouped order: which tile (pid_m, pid_n) this program computes.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    programs_per_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // programs_per_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % programs_per_group) % group_size_m
+    pid_n = (pid % programs_per_group) // group_size_m
+
+    # Rows and columns past the edge wrap around (% M, % N): the loads stay in
+    # bounds without a mask in the K loop, and the store below drops them.
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    batch = tl.program_id(1).to(tl.int64)  # int64: a batch of matrices can pass 2**31 elements
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+
+    if a_ptr.dtype.element_ty == tl.float64:  # resolved at compile time
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        # K is masked: a partial last step reads zeros, which add nothing.
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if ALLOW_TF32:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + batch * stride_cb + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])(matmul_kernel)
+
+# The interpreter runs one Python loop iteration per program: few, large tiles.
+# Its tl.dot multiplies bfloat16 operands as raw 16-bit integers, so they are
+# upcast first; a product of two half-precision numbers is exact in float32,
+# so the result is the same as the tensor cores' (float32 accumulation).
+_CPU_BLOCKS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
+
+
+def _batched_view(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch stride, row stride, column stride); batch stride 0 for a 2-D operand."""
+    if t.dim() == 2:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The batch size; a clear error when the shapes do not multiply."""
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"tk.matmul: a has shape {tuple(a.shape)} and b has shape {tuple(b.shape)}: "
+            f"inner dimensions {a.shape[-1]} and {b.shape[-2]} differ"
+        )
+    batch_a = a.shape[0] if a.dim() == 3 else None
+    batch_b = b.shape[0] if b.dim() == 3 else None
+    if batch_a is not None and batch_b is not None and batch_a != batch_b:
+        raise ValueError(f"tk.matmul: batch sizes differ: a has {batch_a}, b has {batch_b}")
+    return batch_a or batch_b or 1
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    check_tensor("matmul", "a", a, ndims=(2, 3))
+    check_tensor("matmul", "b", b, ndims=(2, 3))
+    check_same("matmul", {"a": a, "b": b})
+    batch = _check_shapes(a, b)
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batched = a.dim() == 3 or b.dim() == 3
+    c = torch.empty((batch, M, N) if batched else (M, N), dtype=a.dtype, device=a.device)
+    if c.numel() == 0:
+        return c
+    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c))
+    allow_tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    if on_cuda(a):
+
+        def grid(meta):
+            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), batch)
+
+        launcher(matmul_kernel_autotuned, a)[grid](
+            a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=False
+        )
+    else:
+        blocks = _CPU_BLOCKS
+        grid = (triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"]), batch)
+        upcast = a.dtype == torch.bfloat16
+        launcher(matmul_kernel, a)[grid](
+            a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=upcast, **blocks
+        )
+    return c
+
+
+matmul = register_op("matmul", _matmul)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _backward(ctx, grad):
+    """dA = dC @ B^T and dB = A^T @ dC, with the batch summed over where it was broadcast."""
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    mm = torch.ops.tk.matmul
+    if ctx.needs_input_grad[0]:
+        if a.dim() == 2 and b.dim() == 3:  # a was shared by every batch: sum over it
+            grad_a = mm(grad.transpose(0, 1).reshape(grad.shape[1], -1), b.transpose(1, 2).reshape(-1, b.shape[1]))
+        else:
+            grad_a = mm(grad, b.transpose(-1, -2))
+    if ctx.needs_input_grad[1]:
+        if b.dim() == 2 and a.dim() == 3:  # b was shared by every batch
+            grad_b = mm(a.reshape(-1, a.shape[-1]).t(), grad.reshape(-1, grad.shape[-1]))
+        else:
+            grad_b = mm(a.transpose(-1, -2), grad)
+    return grad_a, grad_b
+
+
+matmul.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+
+def _make_inputs(shape, dtype, device):
+    M, N, K = shape
+    return torch.randn(M, K, dtype=dtype, device=device), torch.randn(K, N, dtype=dtype, device=device)
+
+
+def _bytes(shape, dtype):
+    M, N, K = shape
+    return (M * K + K * N + M * N) * torch.empty((), dtype=dtype).element_size()
+
+
+register_spec(
+    OpSpec(
+        name="matmul",
+        tk=lambda a, b: torch.ops.tk.matmul(a, b),
+        reference=torch.matmul,
+        make_inputs=_make_inputs,
+        bytes_moved=_bytes,
+        flops=lambda shape, dtype: 2 * shape[0] * shape[1] * shape[2],
+        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12},
+        shapes={
+            "cuda": [(16, 4096, 4096), (1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096)],
+            "cpu": [(64, 48, 80), (130, 66, 100)],
+        },
+        dtypes=(torch.bfloat16, torch.float16),
+        bound="compute",
+        describe=lambda shape: "M{}xN{}xK{}".format(*shape),
+    )
+)

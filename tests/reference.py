@@ -1,0 +1,44 @@
+"""Helpers shared by the op tests: float64 references and error measures."""
+
+import pytest
+import torch
+
+# Each test runs on the CPU (Triton's interpreter) and, marked `gpu`, on CUDA.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+# Max relative norm error against a float64 reference, per storage dtype.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, in float64; NaN never passes a tolerance check."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+    if out.numel() == 0:
+        return 0.0
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
+    err = rel_error(out, ref)
+    assert err <= TOLERANCE[dtype] * scale, f"relative error {err:.3e} > {TOLERANCE[dtype] * scale:.1e} ({dtype})"
+
+
+def leaf64(t: torch.Tensor) -> torch.Tensor:
+    """A fresh float64 leaf with t's values, for PyTorch's reference gradients."""
+    return t.detach().to(torch.float64, copy=True).requires_grad_()
+
+
+def strided_versions(x: torch.Tensor):
+    """The same values seen through layouts a user can hand an op."""
+    yield "contiguous", x
+    if x.dim() == 0:
+        return
+    if x.dim() >= 2:
+        yield "transposed", x.transpose(0, -1).contiguous().transpose(0, -1)
+    big = torch.empty(*x.shape[:-1], 2 * x.shape[-1] + 1, dtype=x.dtype, device=x.device)
+    big[..., 1::2] = x
+    yield "every-other-column", big[..., 1::2]

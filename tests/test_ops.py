@@ -1,0 +1,224 @@
+"""Every tk op against a float64 reference: dtypes, odd shapes, strides, empties, gradients.
+
+Each test runs on the CPU (the Triton kernels through the interpreter, small
+sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
+
+
+def pick(device, cpu, cuda):
+    return cuda if device == "cuda" else cpu
+
+
+# ----------------------------------------------------------------------- gelu
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_matches_float64(device, dtype, approximate):
+    shapes = pick(device, [(1,), (1000,), (3, 4097), (7, 1, 13)], [(1,), (4097,), (3000, 4099), (1 << 26,)])
+    for shape in shapes:
+        x = 3 * torch.randn(shape, device=device, dtype=dtype)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.gelu(view, approximate)
+            assert y.shape == view.shape, layout
+            assert_close(y, F.gelu(view.double(), approximate=approximate), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gelu_keeps_the_layout_of_a_dense_input(device):
+    x = torch.randn(64, 33, device=device).t()
+    assert torch.ops.tk.gelu(x).stride() == x.stride()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward_matches_pytorch(device, dtype, approximate):
+    x = 3 * torch.randn(pick(device, (37, 129), (4096, 4097)), device=device, dtype=dtype)
+    grad = torch.randn_like(x)
+    x_tk = x.clone().requires_grad_()
+    torch.ops.tk.gelu(x_tk, approximate).backward(grad)
+    x64 = leaf64(x)
+    F.gelu(x64, approximate=approximate).backward(grad.double())
+    assert_close(x_tk.grad, x64.grad, dtype)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_gradcheck(approximate):
+    x = torch.randn(2, 33, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: torch.ops.tk.gelu(t, approximate), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gelu_of_empty_and_special_values(device):
+    assert torch.ops.tk.gelu(torch.empty(0, 5, device=device)).shape == (0, 5)
+    assert torch.ops.tk.gelu(torch.tensor(2.0, device=device)).shape == ()
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1e4, -1e4], device=device)
+    for approximate in ["none", "tanh"]:
+        torch.testing.assert_close(
+            torch.ops.tk.gelu(x, approximate), F.gelu(x, approximate=approximate), equal_nan=True, atol=0, rtol=1e-6
+        )
+
+
+# -------------------------------------------------------------------- softmax
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_matches_float64_on_every_dim(device, dtype):
+    cases = pick(
+        device,
+        [((37, 129), -1), ((37, 129), 0), ((5, 7, 11), 1), ((5, 7, 11), -3), ((1, 1), -1), ((), 0)],
+        [((4096, 16384), -1), ((4097, 1000), 0), ((65, 3001, 7), 1), ((8, 1000, 999), -1)],
+    )
+    for shape, dim in cases:
+        x = 4 * torch.randn(shape, device=device, dtype=dtype)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.softmax(view, dim)
+            assert_close(y, torch.softmax(view.double(), dim), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [16385, 70_001, 262_144, 1_048_576])
+def test_softmax_rows_longer_than_a_block(device, n_cols):
+    for dtype in [torch.float32, torch.bfloat16]:
+        x = 4 * torch.randn(pick(device, 2, 64), n_cols, device=device, dtype=dtype)
+        assert_close(torch.ops.tk.softmax(x, -1), torch.softmax(x.double(), -1), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [100, 70_001])  # one block, and the online kernel
+def test_softmax_is_numerically_stable(device, n_cols):
+    x = torch.randn(5, n_cols, device=device)
+    x[0] = -float("inf")  # a row of -inf: NaN, as in torch.softmax
+    x[1, : n_cols // 2] = -float("inf")  # -inf first: the online sum must not turn NaN
+    x[2] = x[2] * 1e30  # huge values: no overflow
+    x[3, 7] = 1e38
+    x[4] = x[4].to(torch.bfloat16).float() * 3e38  # near the float32 limit
+    torch.testing.assert_close(torch.ops.tk.softmax(x, -1), torch.softmax(x, -1), equal_nan=True)
+    big = (torch.randn(3, n_cols, device=device) * 1e4).to(torch.bfloat16)
+    assert_close(torch.ops.tk.softmax(big, -1), torch.softmax(big.double(), -1), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_cols", [129, 70_001])
+def test_softmax_backward_matches_pytorch(device, dtype, n_cols):
+    x = 3 * torch.randn(pick(device, 3, 512), n_cols, device=device, dtype=dtype)
+    for dim in [-1, 0] if n_cols < 1000 or device == "cuda" else [-1]:  # dim 0: one program per column
+        grad = torch.randn_like(x)
+        x_tk = x.clone().requires_grad_()
+        torch.ops.tk.softmax(x_tk, dim).backward(grad)
+        x64 = leaf64(x)
+        torch.softmax(x64, dim).backward(grad.double())
+        assert_close(x_tk.grad, x64.grad, dtype, scale=2)
+
+
+def test_softmax_gradcheck():
+    x = torch.randn(4, 6, 5, dtype=torch.float64, requires_grad=True)
+    for dim in [0, 1, -1]:
+        assert torch.autograd.gradcheck(lambda t: torch.ops.tk.softmax(t, dim), (x,), fast_mode=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_of_empty(device):
+    for shape in [(0, 5), (5, 0), (0,)]:
+        assert torch.ops.tk.softmax(torch.empty(shape, device=device), -1).shape == shape
+
+
+# --------------------------------------------------------------------- matmul
+
+MATMUL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def matmul_reference(a, b):
+    return a.double().cpu() @ b.double().cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_matmul_matches_float64(device, dtype):
+    shapes = pick(
+        device,
+        [(1, 1, 1), (37, 70, 129), (65, 130, 17)],
+        [(1, 1, 1), (1000, 1001, 999), (4096, 4096, 4096), (16, 4096, 4096), (3000, 200, 5000)],
+    )
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device=device, dtype=dtype)
+        b = torch.randn(K, N, device=device, dtype=dtype)
+        assert_close(torch.ops.tk.matmul(a, b), matmul_reference(a, b), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_matmul_of_transposed_and_strided_inputs(device, dtype):
+    M, N, K = pick(device, (70, 45, 33), (1500, 1300, 1100))
+    a = torch.randn(K, M, device=device, dtype=dtype).t()  # column-major
+    b = torch.randn(N, 2 * K, device=device, dtype=dtype)[:, ::2].t()  # every other column, transposed
+    assert not a.is_contiguous() and not b.is_contiguous()
+    assert_close(torch.ops.tk.matmul(a, b), matmul_reference(a, b), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_batched_and_broadcast(device):
+    B, M, N, K = pick(device, (3, 33, 20, 17), (8, 1000, 513, 768))
+    dtype = torch.bfloat16
+    a3 = torch.randn(B, M, K, device=device, dtype=dtype)
+    b3 = torch.randn(B, K, N, device=device, dtype=dtype)
+    a2, b2 = a3[0], b3[0]
+    for a, b in [(a3, b3), (a3, b2), (a2, b3), (a3.transpose(1, 2).contiguous().transpose(1, 2), b3)]:
+        c = torch.ops.tk.matmul(a, b)
+        assert c.shape == (B, M, N)
+        assert_close(c, matmul_reference(a, b), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_float32_follows_the_tf32_switch(device):
+    a = torch.randn(256, 256, device=device)
+    b = torch.randn(256, 256, device=device)
+    exact = rel_error(torch.ops.tk.matmul(a, b), matmul_reference(a, b))
+    assert exact < 1e-6  # IEEE float32 by default, like torch.matmul
+    if device == "cuda":
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            tf32 = rel_error(torch.ops.tk.matmul(a, b), matmul_reference(a, b))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        assert 1e-5 < tf32 < 1e-2, tf32  # TF32's 10-bit mantissa shows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_of_empty(device):
+    assert torch.ops.tk.matmul(torch.randn(0, 4, device=device), torch.randn(4, 5, device=device)).shape == (0, 5)
+    assert torch.ops.tk.matmul(torch.randn(3, 4, device=device), torch.randn(4, 0, device=device)).shape == (3, 0)
+    zeros = torch.ops.tk.matmul(torch.randn(3, 0, device=device), torch.randn(0, 5, device=device))
+    assert torch.equal(zeros, torch.zeros(3, 5, device=device))  # K == 0: a sum of nothing
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", [((37, 20), (20, 45)), ((3, 17, 20), (3, 20, 9)), ((3, 17, 20), (20, 9)), ((17, 20), (3, 20, 9))])
+def test_matmul_backward_matches_pytorch(device, shapes):
+    dtype = torch.float32
+    a = torch.randn(shapes[0], device=device, dtype=dtype, requires_grad=True)
+    b = torch.randn(shapes[1], device=device, dtype=dtype, requires_grad=True)
+    out = torch.ops.tk.matmul(a, b)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    a64, b64 = leaf64(a), leaf64(b)
+    torch.matmul(a64, b64).backward(grad.double())
+    assert_close(a.grad, a64.grad, dtype)
+    assert_close(b.grad, b64.grad, dtype)
+
+
+def test_matmul_gradcheck():
+    for sa, sb in [((7, 5), (5, 6)), ((2, 7, 5), (5, 6)), ((7, 5), (2, 5, 6))]:
+        a = torch.randn(sa, dtype=torch.float64, requires_grad=True)
+        b = torch.randn(sb, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(torch.ops.tk.matmul, (a, b), fast_mode=True)
