@@ -13,7 +13,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, tor
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||, in float64; NaN never passes a tolerance check."""
-    out, ref = out.double().cpu(), ref.double().cpu()
+    out, ref = out.double(), ref.double().to(out.device)
     if out.shape != ref.shape:
         raise AssertionError(f"shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
     if out.numel() == 0:

@@ -1,0 +1,182 @@
+"""The ops as PyTorch sees them: opcheck, clear errors, torch.compile, the registry."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import DEVICES, assert_close, leaf64
+
+import ops
+
+# (op, args, kwargs) for opcheck, on small inputs of each device.
+def opcheck_cases(device):
+    def t(*shape, grad=False, dtype=torch.float32):
+        return torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+
+    return [
+        (torch.ops.tk.gelu.default, (t(5, 7, grad=True),), {"approximate": "tanh"}),
+        (torch.ops.tk.gelu.default, (t(4, 1, 3).transpose(0, 2),), {}),
+        (torch.ops.tk.gelu_backward.default, (t(5, 7), t(5, 7), "none"), {}),
+        (torch.ops.tk.softmax.default, (t(5, 7, grad=True), 0), {}),
+        (torch.ops.tk.softmax.default, (t(3, 4, 5, dtype=torch.bfloat16), -1), {}),
+        (torch.ops.tk.softmax_backward.default, (t(5, 7), t(5, 7), 1), {}),
+        (torch.ops.tk.matmul.default, (t(5, 7, grad=True), t(7, 3, grad=True)), {}),
+        (torch.ops.tk.matmul.default, (t(2, 5, 7, grad=True), t(7, 3, grad=True)), {}),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args, kwargs in opcheck_cases(device):
+        torch.library.opcheck(op, args, kwargs)
+
+
+def test_every_op_is_in_the_tk_namespace_with_a_spec():
+    for name in ["gelu", "softmax", "matmul"]:
+        assert hasattr(torch.ops.tk, name)
+        spec = ops.get_spec(name)
+        assert set(spec.tolerance) >= set(spec.dtypes)
+        assert spec.shapes["cpu"] and spec.shapes["cuda"]
+    with pytest.raises(KeyError, match="unknown op 'nope'; known ops: .*gelu.*matmul.*softmax"):
+        ops.get_spec("nope")
+
+
+# --------------------------------------------------------------------- errors
+
+ERROR_CASES = [
+    ("gelu int", lambda: torch.ops.tk.gelu(torch.ones(3, dtype=torch.int64)), TypeError, "x has dtype int64"),
+    ("gelu bool", lambda: torch.ops.tk.gelu(torch.ones(3, dtype=torch.bool)), TypeError, "x has dtype bool"),
+    ("gelu approximate", lambda: torch.ops.tk.gelu(torch.ones(3), "fast"), ValueError, "approximate must be"),
+    ("softmax int", lambda: torch.ops.tk.softmax(torch.ones(3, dtype=torch.int32), 0), TypeError, "x has dtype int32"),
+    ("softmax dim", lambda: torch.ops.tk.softmax(torch.ones(3, 4), 2), IndexError, "dim 2 is out of range"),
+    ("softmax dim neg", lambda: torch.ops.tk.softmax(torch.ones(3, 4), -3), IndexError, "dim -3 is out of range"),
+    (
+        "softmax_backward shapes",
+        lambda: torch.ops.tk.softmax_backward(torch.ones(3, 4), torch.ones(4, 3), 0),
+        ValueError,
+        "grad has shape",
+    ),
+    (
+        "matmul inner",
+        lambda: torch.ops.tk.matmul(torch.ones(3, 4), torch.ones(5, 6)),
+        ValueError,
+        "inner dimensions 4 and 5 differ",
+    ),
+    ("matmul rank 1", lambda: torch.ops.tk.matmul(torch.ones(3), torch.ones(3, 3)), ValueError, "a must be 2 or 3-D"),
+    (
+        "matmul rank 4",
+        lambda: torch.ops.tk.matmul(torch.ones(3, 3), torch.ones(1, 1, 3, 3)),
+        ValueError,
+        "b must be 2 or 3-D",
+    ),
+    (
+        "matmul batch",
+        lambda: torch.ops.tk.matmul(torch.ones(2, 3, 4), torch.ones(3, 4, 5)),
+        ValueError,
+        "batch sizes differ: a has 2, b has 3",
+    ),
+    (
+        "matmul dtypes",
+        lambda: torch.ops.tk.matmul(torch.ones(3, 4), torch.ones(4, 5, dtype=torch.float16)),
+        TypeError,
+        "a has dtype torch.float32 but b has dtype torch.float16",
+    ),
+    (
+        "matmul devices",
+        lambda: torch.ops.tk.matmul(torch.ones(3, 4), torch.ones(4, 5, device="meta")),
+        ValueError,
+        "a is on cpu but b is on meta",
+    ),
+    ("matmul int", lambda: torch.ops.tk.matmul(torch.ones(3, 4, dtype=torch.int8), torch.ones(4, 5)), TypeError, "a has dtype int8"),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_bad_input_raises_a_clear_error(case):
+    _, call, error, message = case
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.gpu
+def test_device_mismatch_on_cuda():
+    with pytest.raises(ValueError, match="a is on cuda:0 but b is on cpu"):
+        torch.ops.tk.matmul(torch.ones(3, 4, device="cuda"), torch.ones(4, 5))
+
+
+# -------------------------------------------------------- torch.compile model
+
+
+class TinyMLP(torch.nn.Module):
+    """A model that calls the three ops the way a user would."""
+
+    def __init__(self, dim=48, hidden=80, classes=10):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(dim, hidden) / dim**0.5)
+        self.w2 = torch.nn.Parameter(torch.randn(hidden, classes) / hidden**0.5)
+
+    def forward(self, x):
+        h = torch.ops.tk.gelu(torch.ops.tk.matmul(x, self.w1), "tanh")
+        return torch.ops.tk.softmax(torch.ops.tk.matmul(h, self.w2), -1)
+
+
+class TorchMLP(TinyMLP):
+    def forward(self, x):
+        h = F.gelu(x @ self.w1, approximate="tanh")
+        return torch.softmax(h @ self.w2, -1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_model_matches_eager_and_pytorch(device):
+    torch._dynamo.reset()
+    model = TinyMLP().to(device)
+    x = torch.randn(37, 48, device=device)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: any graph break is an error
+
+    eager_out = model(x)
+    compiled_out = compiled(x)
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-5, atol=1e-6)
+
+    reference = TorchMLP().to(device)
+    reference.load_state_dict(model.state_dict())
+    torch.testing.assert_close(eager_out, reference(x), rtol=1e-4, atol=1e-6)
+
+    target = torch.randn_like(eager_out)
+    (compiled_out * target).sum().backward()
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    (reference(x) * target).sum().backward()
+    for got, want in zip(compiled_grads, [p.grad for p in reference.parameters()]):
+        assert_close(got, want.double(), torch.float32, scale=10)
+
+
+def test_compiled_cpu_graph_calls_the_interpreted_ops():
+    """On CPU the compiled graph keeps tk's opaque CPU ops (the Triton kernels, interpreted)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = TinyMLP()
+    _, code = run_and_get_code(torch.compile(model, fullgraph=True), torch.randn(5, 48))
+    source = "\n".join(code)
+    for op in ["tk.matmul_cpu", "tk.gelu_cpu", "tk.softmax_cpu"]:
+        assert op in source, f"{op} missing from the compiled code"
+
+
+@pytest.mark.gpu
+def test_compiled_cuda_graph_contains_the_hand_written_kernels():
+    """On CUDA, Inductor's output code launches tk's own Triton kernels."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = TinyMLP().cuda()
+    x = torch.randn(64, 48, device="cuda", requires_grad=False)
+    _, code = run_and_get_code(torch.compile(model, fullgraph=True), x)
+    source = "\n".join(code)
+    for kernel in ["matmul_kernel", "gelu_forward_kernel", "softmax_forward_kernel"]:
+        assert kernel in source, f"{kernel} missing from Inductor's output code"
+    assert "tk.gelu_cpu" not in source
+
+
+def test_float64_gradients_through_the_model():
+    model = TinyMLP().double()
+    x = leaf64(torch.randn(4, 48))
+    assert torch.autograd.gradcheck(lambda t: model(t), (x,), fast_mode=True)
