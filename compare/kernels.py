@@ -32,7 +32,7 @@ _BOOKKEEPING = {
 class KernelProfile:
     count: int
     names: list[str]  # one per launch of one call, in order
-    device_us: dict[str, float] = field(default_factory=dict)  # kernel name -> device time per call (GPU)
+    device_us: dict[str, float] = field(default_factory=dict)  # name -> µs per call (device on GPU, CPU op time on CPU)
     unit: str = "kernels"
 
 
@@ -49,7 +49,7 @@ def _counts_on_cpu(event) -> bool:
     return _is_op(name)
 
 
-def _cpu_launches(events) -> list[str]:
+def _cpu_launches(events) -> list:
     """Top-most counted events: nothing inside a counted op is counted again."""
     names = []
     for ev in events:
@@ -63,7 +63,7 @@ def _cpu_launches(events) -> list[str]:
                 break
             parent = parent.cpu_parent
         if not nested:
-            names.append(ev.name)
+            names.append(ev)
     return names
 
 
@@ -91,6 +91,9 @@ def profile_call(fn: Callable, args: tuple, device: torch.device, calls: int = 2
             device_us[ev.name] = device_us.get(ev.name, 0.0) + ev.time_range.elapsed_us() / calls
         count = len(names) // calls
         return KernelProfile(count, names[:count], device_us, "kernels")
-    names = _cpu_launches(events)
-    count = len(names) // calls
-    return KernelProfile(count, names[:count], {}, "ops")
+    launched = _cpu_launches(events)
+    cpu_us: dict[str, float] = {}
+    for ev in launched:
+        cpu_us[ev.name] = cpu_us.get(ev.name, 0.0) + ev.cpu_time_total / calls
+    count = len(launched) // calls
+    return KernelProfile(count, [ev.name for ev in launched[:count]], cpu_us, "ops")

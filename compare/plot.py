@@ -26,7 +26,7 @@ def throughput(doc: dict, path: Path) -> Path:
     metric, unit = ("tflops", "TFLOP/s") if compute else ("gbps", "GB/s")
     size_key = "flops" if compute else "bytes"
     dtypes = list(dict.fromkeys(r["dtype"] for r in doc["records"]))
-    fig, axes = plt.subplots(1, max(len(dtypes), 1), figsize=(6.4 * max(len(dtypes), 1), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(dtypes), 1), figsize=(8.6 * max(len(dtypes), 1), 4.6), squeeze=False)
     lim = doc["limits"]
     for ax, dtype in zip(axes[0], dtypes):
         recs = [r for r in doc["records"] if r["dtype"] == dtype]
@@ -52,7 +52,8 @@ def throughput(doc: dict, path: Path) -> Path:
         limit = (lim.get("matmul", {}).get(dtype) or {}).get("tflops") if compute else (lim.get("copy") or {}).get("gbps")
         if limit:
             what = "matmul (torch)" if compute else "copy bandwidth"
-            ax.axhline(limit, color="black", ls="--", lw=1, label=f"measured {what}: {limit:,.3g} {unit}")
+            value = f"{limit:,.0f}" if limit >= 100 else f"{limit:.3g}"
+            ax.axhline(limit, color="black", ls="--", lw=1, label=f"measured {what}: {value} {unit}")
         sizes = sorted({r[size_key]: r["shape_label"] for r in recs}.items())
         ax.set_xscale("log", base=2)
         if sizes:
@@ -64,7 +65,7 @@ def throughput(doc: dict, path: Path) -> Path:
         ax.set_ylabel(unit)
         ax.set_title(f"{doc['op']} {dtype}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     device = doc["environment"].get("gpu") or "CPU, wall clock"
     note = "  (interpreted tk not plotted)" if doc["settings"]["device"] == "cpu" else ""
     fig.suptitle(f"{doc['op']}: throughput on {device}{note}", fontsize=11)

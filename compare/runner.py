@@ -147,7 +147,7 @@ def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, setti
         "kernels": None,
         "kernel_unit": None,
         "kernel_names": [],
-        "kernel_device_us": {},
+        "kernel_us": {},
         "sm_clock_mhz": None,
         "best": False,
     }
@@ -181,7 +181,7 @@ def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings,
         progress(f"{v.name}: counting kernels", True)
         prof = kernels.profile_call(case.fn, args, device)
         rec["kernels"], rec["kernel_unit"], rec["kernel_names"] = prof.count, prof.unit, prof.names
-        rec["kernel_device_us"] = {k: round(t, 3) for k, t in prof.device_us.items()}
+        rec["kernel_us"] = {k: round(t, 3) for k, t in prof.device_us.items()}
     except VariantSkipped as e:
         rec["status"], rec["error"], case.fn = "skipped", str(e), None
     except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep

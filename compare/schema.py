@@ -60,7 +60,7 @@ RECORD_FIELDS = {
     "kernels": ((int, type(None)), "launches per call (GPU kernels; on a CPU, ops: see kernel_unit)"),
     "kernel_unit": ((str, type(None)), "kernels | ops"),
     "kernel_names": (list, "what was launched in one call (CSV: joined by ';')"),
-    "kernel_device_us": (dict, "GPU: kernel name -> device time per call, from the profiler run"),
+    "kernel_us": (dict, "kernel name -> time per call in the profiler run: device time (GPU), CPU time of the op (CPU)"),
     "sm_clock_mhz": ((float, type(None)), "SM clock read right after the shape was timed (GPU)"),
     "best": (bool, "the fastest correct variant of its (dtype, shape), interpreted ones excluded"),
 }
