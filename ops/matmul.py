@@ -11,7 +11,8 @@ L2, instead of each streaming its own row of A and a whole sweep of B.
 Precision: float16 and bfloat16 use the tensor cores with a float32
 accumulator.  float32 follows PyTorch's switch: exact IEEE products unless
 ``torch.backends.cuda.matmul.allow_tf32`` is True, then TF32 (10-bit
-mantissa products, much faster).  float64 is exact.
+mantissa products, much faster).  float64 runs on the CPU only (for
+gradcheck): Triton's tl.dot has no float64 path on CUDA.
 """
 
 import torch
@@ -131,6 +132,8 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor("matmul", "b", b, ndims=(2, 3))
     check_same("matmul", {"a": a, "b": b})
     batch = _check_shapes(a, b)
+    if a.dtype == torch.float64 and on_cuda(a):
+        raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batched = a.dim() == 3 or b.dim() == 3

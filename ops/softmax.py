@@ -40,6 +40,13 @@ def _load_row(ptr, start, cols, n_cols, inner, other):
 
 
 @triton.jit
+def _finite_or_zero(row_max):
+    """The shift for exp() in the online sum.  While every value seen is -inf,
+    shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
+    return tl.where(row_max == -float("inf"), 0.0, row_max)
+
+
+@triton.jit
 def softmax_forward_kernel(x_ptr, y_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr):
     """The whole row in one block."""
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
@@ -55,14 +62,15 @@ def softmax_forward_online_kernel(x_ptr, y_ptr, n_cols, inner, BLOCK_SIZE: tl.co
     """Rows longer than a block: online max and sum, then a second pass to write."""
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     cols = tl.arange(0, BLOCK_SIZE)
-    row_max = -float("inf")
-    row_sum = 0.0
-    for chunk in range(0, n_cols, BLOCK_SIZE):
+    # The first chunk starts the running max and sum, so they take the compute
+    # dtype (float32, or float64) from the data.
+    x = _load_row(x_ptr, start, cols, n_cols, inner, -float("inf"))
+    row_max = tl.max(x, axis=0)
+    row_sum = tl.sum(tl.exp(x - _finite_or_zero(row_max)), axis=0)
+    for chunk in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
         x = _load_row(x_ptr, start, chunk + cols, n_cols, inner, -float("inf"))
         new_max = tl.maximum(row_max, tl.max(x, axis=0))
-        # While every value seen is -inf, exponentiate against 0 instead of -inf:
-        # exp(-inf - -inf) would be NaN and poison the sum for good.
-        shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+        shift = _finite_or_zero(new_max)
         row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
         row_max = new_max
     # An all -inf row ends with max -inf: exp(-inf - -inf) is NaN, as in torch.softmax.
@@ -88,8 +96,10 @@ def softmax_backward_looped_kernel(dy_ptr, y_ptr, dx_ptr, n_cols, inner, BLOCK_S
     """Rows longer than a block: one pass for sum(dy * y), one to write dx."""
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     cols = tl.arange(0, BLOCK_SIZE)
-    dot = 0.0
-    for chunk in range(0, n_cols, BLOCK_SIZE):
+    dy = _load_row(dy_ptr, start, cols, n_cols, inner, 0.0)
+    y = _load_row(y_ptr, start, cols, n_cols, inner, 0.0)
+    dot = tl.sum(dy * y, axis=0)  # the first chunk sets the accumulator's dtype
+    for chunk in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
         dy = _load_row(dy_ptr, start, chunk + cols, n_cols, inner, 0.0)
         y = _load_row(y_ptr, start, chunk + cols, n_cols, inner, 0.0)
         dot += tl.sum(dy * y, axis=0)
