@@ -216,7 +216,8 @@ def markdown(doc: dict, png_name: str | None) -> str:
         f"(share of limit against {'matmul throughput' if doc['bound'] == 'compute' else 'copy bandwidth'})",
         f"- timing: {s['timing_method']}; {s['rounds']} interleaved round(s) of {s['rep_ms']} ms per variant;"
         " the first call (compile, autotune, JIT) is timed apart and excluded",
-        "- correctness: relative norm error against the float64 reference, within the spec's tolerance per dtype",
+        "- correctness: relative norm error against the float64 reference, within the spec's tolerance per dtype "
+        "(raised to twice the error of the exact answer rounded to the dtype, where that is larger)",
     ]
     if s["device"] == "cpu":
         out.append(

@@ -1,6 +1,7 @@
 """The comparison harness end to end, on the CPU, on tiny sizes."""
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -331,3 +332,30 @@ def test_schema_validation_catches_problems():
     assert any("status 'great'" in p for p in problems)
     assert any("kernels='3'" in p for p in problems)
     assert json.loads(json.dumps(report._clean({"x": [math.inf, 1.0]}))) == {"x": [None, 1.0]}
+
+
+def test_tolerance_never_below_the_rounding_of_the_exact_answer(tmp_path, monkeypatch):
+    """float16 softmax of long rows: outputs near 4e-6 are subnormal, and their
+    rounding alone passes the spec's tolerance.  The harness raises the
+    tolerance to twice that rounding, and no more: 1.01x is still wrong."""
+    softmax = lambda x: torch.softmax(x, dim=-1)  # noqa: E731
+    spec = dataclasses.replace(
+        fake_spec(),
+        tk=softmax,
+        reference=softmax,
+        make_inputs=lambda shape, dtype, device: (torch.randn(shape, device=device).to(dtype),),
+        tolerance={torch.float16: 2e-3},
+        dtypes=(torch.float16,),
+        unfused={"eager-wrong": lambda x: softmax(x) * 1.01},
+        peers={},
+    )
+    monkeypatch.setitem(ops.SPECS, "fake", spec)
+    assert run(tmp_path, "--op", "fake", "--variants", "eager,unfused,tk", "--shapes", "262144", "--dtypes", "float16") == 0
+    doc = load(tmp_path, "fake")
+    assert schema.validate(doc) == []
+    by = {r["variant"]: r for r in doc["records"]}
+    rounding = by["eager"]["rounding_error"]
+    assert rounding > 2e-3  # the spec's tolerance alone would mark the exact answer wrong
+    assert by["eager"]["tolerance"] == pytest.approx(2 * rounding)
+    assert by["eager"]["status"] == "ok" and by["tk"]["status"] == "ok"
+    assert by["eager-wrong"]["status"] == "wrong"
