@@ -21,6 +21,20 @@ _STYLE = {
 }
 
 
+def _x_axis(recs: list[dict], size_key: str) -> tuple[dict, bool]:
+    """x position per shape label, and whether the axis is the (log) size itself.
+
+    Sizes on a log axis when every shape has a size of its own; otherwise
+    (softmax rows of 16384 to 1048576 columns all move 268 MB) the shapes
+    stand side by side in sweep order, so that none hides another.
+    """
+    sizes = dict.fromkeys((r["shape_label"], r[size_key]) for r in recs)
+    by_size = {size for _, size in sizes}
+    if len(by_size) == len(sizes):
+        return {label: size for label, size in sizes}, True
+    return {label: i for i, (label, _) in enumerate(sizes)}, False
+
+
 def throughput(doc: dict, path: Path) -> Path:
     compute = doc["bound"] == "compute"
     metric, unit = ("tflops", "TFLOP/s") if compute else ("gbps", "GB/s")
@@ -31,9 +45,10 @@ def throughput(doc: dict, path: Path) -> Path:
     for ax, dtype in zip(axes[0], dtypes):
         recs = [r for r in doc["records"] if r["dtype"] == dtype]
         variants = list(dict.fromkeys(r["variant"] for r in recs))
+        xpos, by_size = _x_axis(recs, size_key)
         seen_kinds: dict[str, int] = {}
         for name in variants:
-            pts = sorted((r for r in recs if r["variant"] == name and r[metric] is not None), key=lambda r: r[size_key])
+            pts = sorted((r for r in recs if r["variant"] == name and r[metric] is not None), key=lambda r: xpos[r["shape_label"]])
             if not pts:
                 continue
             kind = pts[0]["kind"]
@@ -43,25 +58,25 @@ def throughput(doc: dict, path: Path) -> Path:
             face = color if nth == 0 else "white"
             style = style if nth == 0 else ("--", "-.", ":")[(nth - 1) % 3]
             lw = 2.4 if kind == "tk" else 1.5
-            ax.plot([r[size_key] for r in pts], [r[metric] for r in pts], style, marker=marker, color=color, lw=lw,
+            ax.plot([xpos[r["shape_label"]] for r in pts], [r[metric] for r in pts], style, marker=marker, color=color, lw=lw,
                     ms=10 if marker == "*" else 6, mfc=face, label=name)  # fmt: skip
             wrong = [r for r in pts if r["status"] == "wrong"]
             if wrong:
-                ax.scatter([r[size_key] for r in wrong], [r[metric] for r in wrong], s=140, facecolors="none",
+                ax.scatter([xpos[r["shape_label"]] for r in wrong], [r[metric] for r in wrong], s=140, facecolors="none",
                            edgecolors="red", lw=1.5, zorder=5, label=f"{name}: wrong result")  # fmt: skip
         limit = (lim.get("matmul", {}).get(dtype) or {}).get("tflops") if compute else (lim.get("copy") or {}).get("gbps")
         if limit:
             what = "matmul (torch)" if compute else "copy bandwidth"
             value = f"{limit:,.0f}" if limit >= 100 else f"{limit:.3g}"
             ax.axhline(limit, color="black", ls="--", lw=1, label=f"measured {what}: {value} {unit}")
-        sizes = sorted({r[size_key]: r["shape_label"] for r in recs}.items())
-        ax.set_xscale("log", base=2)
-        if sizes:
-            ax.set_xticks([s for s, _ in sizes])
-            ax.set_xticklabels([label for _, label in sizes], rotation=30, ha="right", fontsize=8)
+        if by_size:
+            ax.set_xscale("log", base=2)
+        if xpos:
+            ax.set_xticks(list(xpos.values()))
+            ax.set_xticklabels(list(xpos), rotation=30, ha="right", fontsize=8)
             ax.minorticks_off()
         ax.set_ylim(bottom=0)
-        ax.set_xlabel(("FLOPs" if compute else "bytes moved") + " per call (shape)")
+        ax.set_xlabel((("FLOPs" if compute else "bytes moved") + " per call (shape)") if by_size else "shape (sweep order)")
         ax.set_ylabel(unit)
         ax.set_title(f"{doc['op']} {dtype}")
         ax.grid(True, alpha=0.3)

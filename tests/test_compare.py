@@ -359,3 +359,13 @@ def test_tolerance_never_below_the_rounding_of_the_exact_answer(tmp_path, monkey
     assert by["eager"]["tolerance"] == pytest.approx(2 * rounding)
     assert by["eager"]["status"] == "ok" and by["tk"]["status"] == "ok"
     assert by["eager-wrong"]["status"] == "wrong"
+
+
+def test_plot_axis_keeps_shapes_of_equal_size_apart():
+    from compare.plot import _x_axis
+
+    rec = lambda label, size: {"shape_label": label, "bytes": size}  # noqa: E731
+    distinct = [rec("n=2^12", 16384), rec("n=2^20", 1 << 21)]
+    assert _x_axis(distinct, "bytes") == ({"n=2^12": 16384, "n=2^20": 1 << 21}, True)
+    same = [rec("4096x16384", 268), rec("64x1048576", 268), rec("4096x16384", 268)]
+    assert _x_axis(same, "bytes") == ({"4096x16384": 0, "64x1048576": 1}, False)

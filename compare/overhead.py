@@ -1,0 +1,90 @@
+"""Host time per call of tiny ops: ``python -m compare.overhead [--op gelu] [--profile]``.
+
+A kernel on a few thousand elements runs for 2-3 µs on a GPU; what a model
+pays for it is the host side: argument checks, ``torch.library`` dispatch,
+autograd, Triton's launcher.  ``do_bench`` hides part of that (the GPU is
+still busy with its L2 flush while the host launches), so this measures it
+directly: a wall-clock loop of many calls, synchronized once at the end,
+which is the rate at which a model's Python can issue the op.
+
+For each op: the eager PyTorch reference and ``torch.ops.tk.<op>`` at the
+op's smallest default shape.  ``--profile`` adds a cProfile of the tk calls,
+the cumulative top of the host path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+from tabulate import tabulate
+
+import ops
+
+
+def per_call_us(fn, args, device: torch.device, calls: int, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the wall-clock time of ``calls`` calls, in µs per call."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(max(10, calls // 10)):  # warm-up: compile, autotune, caches
+        fn(*args)
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        sync()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
+    shape = min(spec.shapes[device.type], key=lambda s: spec.bytes_moved(s, dtype))
+    args = spec.make_inputs(shape, dtype, device)
+    eager = per_call_us(spec.reference, args, device, calls)
+    tk = per_call_us(spec.tk, args, device, calls)
+    return {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
+            "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager}  # fmt: skip
+
+
+def profile(spec, device: torch.device, dtype: torch.dtype, calls: int, top: int = 30) -> str:
+    shape = min(spec.shapes[device.type], key=lambda s: spec.bytes_moved(s, dtype))
+    args = spec.make_inputs(shape, dtype, device)
+    per_call_us(spec.tk, args, device, 10, repeats=1)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        spec.tk(*args)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    return f"## {spec.name} {spec.describe(shape)}: cProfile of {calls} tk calls\n{out.getvalue()}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m compare.overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--op", default="all", help="op name(s), comma-separated, or 'all'")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of the tk calls")
+    a = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, a.dtype)
+    names = sorted(ops.SPECS) if a.op == "all" else a.op.split(",")
+    specs = [ops.get_spec(n) for n in names]
+    calls = a.calls if device.type == "cuda" else max(1, a.calls // 100)  # the interpreter is slow
+    rows = [measure(s, device, dtype if dtype in s.dtypes else s.dtypes[0], calls) for s in specs]
+    print(f"host time per call, wall clock over {calls} calls ({device.type}):")
+    print(tabulate(rows, headers="keys", floatfmt=".1f"))
+    if a.profile:
+        for s in specs:
+            print(profile(s, device, dtype if dtype in s.dtypes else s.dtypes[0], calls))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
