@@ -9,6 +9,12 @@ arguments, allocates outputs and launches Triton kernels through
   launches the compiled kernels directly; under ``torch.compile`` Inductor
   traces into the body, sees each kernel through ``wrap_triton`` and puts the
   hand-written kernel itself into the generated code (no graph break).
+  Eager CUDA calls take a shortcut: a kernel registered directly for the
+  ``CUDA`` dispatch key runs the body with ``wrap_triton`` turned off, which
+  is what ``triton_op``'s own eager path does, without the tens of
+  microseconds of ``custom_op`` wrappers around it.  Tracing never reaches
+  a backend key (fake and functional tensors are handled above it), so
+  compiled graphs still see the ``triton_op``.
 * **CPU** (and meta/fake tensors): the same body runs inside an opaque
   ``torch.library.custom_op`` named ``tk::<name>_cpu`` whose kernels are the
   *same* Triton kernels executed by Triton's interpreter.  Inductor cannot
@@ -27,6 +33,11 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
+
+try:  # how triton_op itself launches kernels directly in eager mode
+    from torch._library.triton import set_wrap_triton_enabled
+except ImportError:  # pragma: no cover - a torch without it keeps the triton_op path only
+    set_wrap_triton_enabled = None
 
 from ._interpreter import InterpretedKernel
 
@@ -102,7 +113,7 @@ def check_same(op: str, tensors: dict[str, torch.Tensor]) -> None:
 
 def is_dense(t: torch.Tensor) -> bool:
     """True if ``t``'s elements fill one contiguous span of memory (any order)."""
-    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+    return t.is_contiguous() or torch._prims_common.is_non_overlapping_and_dense_or_false(t)
 
 
 # --------------------------------------------------------------------------
@@ -127,7 +138,24 @@ def register_op(name: str, body: Callable) -> Any:
             return body(*args, **kwargs)
         return cpu_op(*args, **kwargs)
 
-    return triton_op(f"{NAMESPACE}::{name}", dispatch, mutates_args=())
+    op = triton_op(f"{NAMESPACE}::{name}", dispatch, mutates_args=())
+    if set_wrap_triton_enabled is not None:
+        _LIBRARY.impl(name, _eager_cuda(body), "CUDA")
+    return op
+
+
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def _eager_cuda(body: Callable) -> Callable:
+    """The op's kernel for the CUDA dispatch key: the body, launching Triton directly."""
+
+    @functools.wraps(body)
+    def run(*args, **kwargs):
+        with set_wrap_triton_enabled(False):
+            return body(*args, **kwargs)
+
+    return run
 
 
 # --------------------------------------------------------------------------

@@ -180,3 +180,13 @@ def test_float64_gradients_through_the_model():
     model = TinyMLP().double()
     x = leaf64(torch.randn(4, 48))
     assert torch.autograd.gradcheck(lambda t: model(t), (x,), fast_mode=True)
+
+
+def test_eager_cuda_calls_have_a_direct_kernel():
+    """Eager CUDA calls skip custom_op's Python wrappers: each public op has a
+    kernel for the CUDA key, while tracing keeps the triton_op (Autograd and
+    CompositeExplicitAutograd registrations from torch.library)."""
+    for name in ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul"]:
+        table = torch._C._dispatch_dump(f"tk::{name}")
+        assert "\nCUDA: registered at" in table and "ops/_registry.py" in table.split("\nCUDA:")[1].splitlines()[0]
+        assert "Autograd[alias]" in table and "CompositeExplicitAutograd[alias]" in table
