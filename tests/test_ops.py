@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
 
+from ops import softmax as softmax_ops  # the module, for its design constants
+
 
 def pick(device, cpu, cuda):
     return cuda if device == "cuda" else cpu
@@ -130,6 +132,118 @@ def test_softmax_gradcheck():
 def test_softmax_of_empty(device):
     for shape in [(0, 5), (5, 0), (0,)]:
         assert torch.ops.tk.softmax(torch.empty(shape, device=device), -1).shape == shape
+
+
+# ---------------------------------------------------- softmax: split rows
+#
+# The CPU constants shrunk so that rows of a few hundred columns take every
+# design: blocks of at most 64 columns, chunks of 16, segments of at least 32,
+# and about 8 programs.  `launched` records which kernels ran, so that each
+# test checks it reached the design it means to test.
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setitem(softmax_ops._MAX_BLOCK, "cpu", 64)
+    monkeypatch.setitem(softmax_ops._CHUNK, "cpu", 16)
+    monkeypatch.setattr(softmax_ops, "_MIN_SEGMENT_CHUNKS", 2)
+    monkeypatch.setattr(softmax_ops, "_CPU_PROGRAMS", 8)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    names = []
+    run = softmax_ops._run
+
+    def spy(kernel, *args, **kwargs):
+        names.append(kernel.__name__)
+        return run(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(softmax_ops, "_run", spy)
+    return names
+
+
+DESIGN_KERNELS = {  # forward, then backward
+    "single": ["softmax_forward_kernel", "softmax_backward_kernel"],
+    "looped": ["softmax_forward_online_kernel", "softmax_backward_looped_kernel"],
+    "split": [
+        "softmax_partial_stats_kernel",
+        "softmax_normalize_segments_kernel",
+        "softmax_backward_partial_dot_kernel",
+        "softmax_backward_segments_kernel",
+    ],
+}
+
+
+def test_softmax_split_rule(monkeypatch):
+    monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)  # an H100
+    cuda = torch.device("cuda", 0)
+    assert softmax_ops._split(64, 1 << 20, cuda) == (9, 118784)  # 576 programs for 528 wanted
+    assert softmax_ops._split(256, 262144, cuda) == (3, 90112)
+    assert softmax_ops._split(1, 1 << 20, cuda) == (64, 16384)  # no segment below 4 chunks
+    assert softmax_ops._split(1024, 65536, cuda)[0] == 1  # enough rows: one program per row
+    assert softmax_ops._split(4, 20000, cuda)[0] == 1  # too short to split
+    assert softmax_ops._split(2, 1 << 20, torch.device("cpu")) == (4, 262144)
+    for n_rows in [1, 3, 64, 600]:
+        for n_cols in [16385, 65536, 100_003, 1 << 20]:
+            n_segments, segment_len = softmax_ops._split(n_rows, n_cols, cuda)
+            assert segment_len % 4096 == 0  # whole chunks
+            assert (n_segments - 1) * segment_len < n_cols <= n_segments * segment_len  # none empty, all covered
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_designs_match_float64(small_blocks, launched, dtype):
+    cases = [
+        ((3, 120), -1, "split"),  # segments of 48, 48 and 24 columns: the row ends inside a chunk
+        ((2, 128), -1, "split"),  # 4 segments of 32 exactly
+        ((1, 200), -1, "split"),  # one row: 5 segments, the last of 8 columns
+        ((2, 100, 3), 1, "split"),  # a non-last dim, elements 3 apart: 2 segments, 64 and 36 columns
+        ((9, 70), -1, "looped"),  # enough rows for one program each
+        ((3, 50), -1, "single"),
+    ]
+    for shape, dim, design in cases:
+        launched.clear()
+        x = (4 * torch.randn(shape)).to(dtype)
+        grad = torch.randn_like(x)
+        x_tk = x.clone().requires_grad_()
+        y = torch.ops.tk.softmax(x_tk, dim)
+        y.backward(grad)
+        x64 = leaf64(x)
+        y64 = torch.softmax(x64, dim)
+        y64.backward(grad.double())
+        assert_close(y, y64, dtype)
+        assert_close(x_tk.grad, x64.grad, dtype, scale=2)
+        assert launched == DESIGN_KERNELS[design], shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_split_rows_with_minus_inf_and_extreme_values(small_blocks, launched, monkeypatch, dtype):
+    # 8 rows (7 in the backward) of 3 segments: columns [0, 80), [80, 160) and [160, 200).
+    monkeypatch.setattr(softmax_ops, "_CPU_PROGRAMS", 21)
+    x = torch.randn(8, 200, dtype=dtype)
+    x[0] = -float("inf")  # all -inf: NaN, as in torch.softmax
+    x[1, :80] = -float("inf")  # the first segment all -inf
+    x[2, 80:160] = -float("inf")  # the middle one
+    x[3, 160:] = -float("inf")  # the last one
+    x[4, :170] = -float("inf")  # only a part of the last segment counts
+    x[5] = x[5] * 1e30  # huge values: each segment's max far from the others'
+    x[6, 150] = 1e38  # one value dominates
+    x[7] = x[7] - 1e4  # far below 0: a padding lane of the partials must not count as 0
+    y = torch.ops.tk.softmax(x, -1)
+    torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
+    assert y[0].isnan().all() and not y[1:].isnan().any()
+    grad, y = torch.randn_like(x[1:]), y[1:]
+    dx = torch.ops.tk.softmax_backward(grad, y, -1)
+    y64 = y.double()
+    assert_close(dx, y64 * (grad - (grad * y64).sum(-1, keepdim=True)), dtype)
+    assert launched == DESIGN_KERNELS["split"]
+
+
+def test_softmax_split_gradcheck(small_blocks, launched):
+    for shape, dim in [((2, 100), -1), ((100, 2), 0)]:  # 3 segments: 48, 48 and 4 columns
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda t: torch.ops.tk.softmax(t, dim), (x,), fast_mode=True)
+    assert set(launched) == set(DESIGN_KERNELS["split"])
 
 
 # --------------------------------------------------------------------- matmul
