@@ -5,16 +5,17 @@ arguments, allocates outputs and launches Triton kernels through
 ``launcher(kernel, tensor)``.  ``register_op`` then publishes it as
 ``torch.ops.tk.<name>``:
 
-* **CUDA**: the op is a ``torch.library.triton_op``.  In eager mode the body
-  launches the compiled kernels directly; under ``torch.compile`` Inductor
-  traces into the body, sees each kernel through ``wrap_triton`` and puts the
-  hand-written kernel itself into the generated code (no graph break).
-  Eager CUDA calls take a shortcut: a kernel registered directly for the
-  ``CUDA`` dispatch key runs the body with ``wrap_triton`` turned off, which
-  is what ``triton_op``'s own eager path does, without the tens of
-  microseconds of ``custom_op`` wrappers around it.  Tracing never reaches
-  a backend key (fake and functional tensors are handled above it), so
-  compiled graphs still see the ``triton_op``.
+* **CUDA**: the op is a ``torch.library.triton_op``.  Under ``torch.compile``
+  Inductor traces into the body, sees each kernel through ``wrap_triton`` and
+  puts the hand-written kernel itself into the generated code (no graph
+  break).  Eager calls take a shortcut (see ``_register_eager_cuda``): the
+  ``custom_op`` machinery around a Python op costs tens of microseconds per
+  call, more than a small kernel runs, so plain eager calls go from the
+  dispatcher's autograd key straight into the body, which launches the Triton
+  kernels directly.  Calls that need autograd or that are being traced
+  (fake, functional or proxy tensors, a dispatch mode) take the full
+  ``custom_op``/``triton_op`` path, so compiled graphs still see the
+  ``triton_op``.
 * **CPU** (and meta/fake tensors): the same body runs inside an opaque
   ``torch.library.custom_op`` named ``tk::<name>_cpu`` whose kernels are the
   *same* Triton kernels executed by Triton's interpreter.  Inductor cannot
@@ -26,6 +27,7 @@ GPU, only interpreted (slowly) by numpy instead of compiled.
 """
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +36,13 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-try:  # how triton_op itself launches kernels directly in eager mode
-    from torch._library.triton import set_wrap_triton_enabled
-except ImportError:  # pragma: no cover - a torch without it keeps the triton_op path only
-    set_wrap_triton_enabled = None
+try:  # the autograd kernel custom_op registers; the eager shortcut falls back to it
+    from torch._library.autograd import make_autograd_impl
+except ImportError:  # pragma: no cover - a torch without it keeps the plain triton_op path
+    make_autograd_impl = None
 
 from ._interpreter import InterpretedKernel
+from ._launch import fast_kernel
 
 NAMESPACE = "tk"
 
@@ -59,14 +62,18 @@ _SKIP = _SkipLaunch()
 _interpreted: dict[int, InterpretedKernel] = {}
 
 
+_direct = threading.local()  # .on: this thread runs a body eagerly, launching kernels itself
+
+
 def launcher(kernel, like: torch.Tensor):
     """What to index with a grid to launch ``kernel`` on ``like``'s device.
 
-    CUDA: ``wrap_triton(kernel)``, which Inductor can trace.  CPU: the same
-    kernel run by Triton's interpreter.  Fake or meta tensors: nothing runs.
+    CUDA: ``wrap_triton(kernel)``, which Inductor can trace, or, inside an
+    eager shortcut, the kernel launched directly (see ``_launch.py``).  CPU: the same kernel run by Triton's
+    interpreter.  Fake or meta tensors: nothing runs.
     """
     if like.device.type == "cuda":
-        return wrap_triton(kernel)
+        return fast_kernel(kernel) if getattr(_direct, "on", False) else wrap_triton(kernel)
     if like.device.type == "meta" or is_fake(like):
         return _SKIP
     found = _interpreted.get(id(kernel))
@@ -139,23 +146,63 @@ def register_op(name: str, body: Callable) -> Any:
         return cpu_op(*args, **kwargs)
 
     op = triton_op(f"{NAMESPACE}::{name}", dispatch, mutates_args=())
-    if set_wrap_triton_enabled is not None:
-        _LIBRARY.impl(name, _eager_cuda(body), "CUDA")
+    if make_autograd_impl is not None:
+        _register_eager_cuda(name, op, body)
     return op
 
 
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def _eager_cuda(body: Callable) -> Callable:
-    """The op's kernel for the CUDA dispatch key: the body, launching Triton directly."""
+def _run_direct(body: Callable, args, kwargs):
+    """Run ``body`` with its kernels launched straight through Triton."""
+    previous = getattr(_direct, "on", False)
+    _direct.on = True
+    try:
+        return body(*args, **kwargs)
+    finally:
+        _direct.on = previous
 
-    @functools.wraps(body)
-    def run(*args, **kwargs):
-        with set_wrap_triton_enabled(False):
-            return body(*args, **kwargs)
 
-    return run
+def _register_eager_cuda(name: str, op, body: Callable) -> None:
+    """Two kernels that let eager CUDA calls skip ``custom_op``'s Python layers.
+
+    * ``AutogradCUDA`` (more specific than the ``Autograd`` alias custom_op
+      registers, so it wins for CUDA tensors): when the call needs no
+      gradient and nothing traces it, run the body right here; otherwise hand
+      over to custom_op's own autograd kernel, built the same way.
+    * ``CUDA``: where that autograd kernel redispatches to; runs the body
+      directly too.
+
+    Tracing never takes the shortcut: fake and functional tensors are
+    subclasses (``type(t)`` is not ``torch.Tensor``), and proxy tracing runs
+    under a dispatch mode.
+    """
+    autograd_kernel = make_autograd_impl(op._opoverload, op)
+
+    def eager_autograd(keyset, *args, **kwargs):
+        if _is_plain_eager_call(args):
+            return _run_direct(body, args, kwargs)
+        return autograd_kernel(keyset, *args, **kwargs)
+
+    def eager_cuda(*args, **kwargs):
+        return _run_direct(body, args, kwargs)
+
+    _LIBRARY.impl(name, eager_autograd, "AutogradCUDA", with_keyset=True)
+    _LIBRARY.impl(name, eager_cuda, "CUDA")
+
+
+def _is_plain_eager_call(args) -> bool:
+    """No gradient to record, no tracing: the body can run as a plain function."""
+    if torch._C._len_torch_dispatch_stack() or torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in _PLAIN_TENSORS or (grad and a.requires_grad):
+                return False
+    return True
 
 
 # --------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_softmax_matches_float64_on_every_dim(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_cols", [16385, 70_001, 262_144, 1_048_576])
+@pytest.mark.parametrize("n_cols", [16385, 32769, 70_001, 262_144, 1_048_576])
 def test_softmax_rows_longer_than_a_block(device, n_cols):
     for dtype in [torch.float32, torch.bfloat16]:
         x = 4 * torch.randn(pick(device, 2, 64), n_cols, device=device, dtype=dtype)
@@ -110,7 +110,7 @@ def test_softmax_is_numerically_stable(device, n_cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_cols", [129, 70_001])
+@pytest.mark.parametrize("n_cols", [129, 20_000, 70_001])
 def test_softmax_backward_matches_pytorch(device, dtype, n_cols):
     x = 3 * torch.randn(pick(device, 3, 512), n_cols, device=device, dtype=dtype)
     for dim in [-1, 0] if n_cols < 1000 or device == "cuda" else [-1]:  # dim 0: one program per column
@@ -178,16 +178,17 @@ DESIGN_KERNELS = {  # forward, then backward
 def test_softmax_split_rule(monkeypatch):
     monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)  # an H100
     cuda = torch.device("cuda", 0)
-    assert softmax_ops._split(64, 1 << 20, cuda) == (9, 118784)  # 576 programs for 528 wanted
-    assert softmax_ops._split(256, 262144, cuda) == (3, 90112)
-    assert softmax_ops._split(1, 1 << 20, cuda) == (64, 16384)  # no segment below 4 chunks
+    assert softmax_ops._CHUNK["cuda"] == 16384  # the numbers below follow from it
+    assert softmax_ops._split(64, 1 << 20, cuda) == (8, 131072)  # 9 wanted (528 programs); whole chunks leave 8
+    assert softmax_ops._split(256, 262144, cuda) == (3, 98304)
+    assert softmax_ops._split(1, 1 << 20, cuda) == (16, 65536)  # no segment below 4 chunks
     assert softmax_ops._split(1024, 65536, cuda)[0] == 1  # enough rows: one program per row
     assert softmax_ops._split(4, 20000, cuda)[0] == 1  # too short to split
     assert softmax_ops._split(2, 1 << 20, torch.device("cpu")) == (4, 262144)
     for n_rows in [1, 3, 64, 600]:
         for n_cols in [16385, 65536, 100_003, 1 << 20]:
             n_segments, segment_len = softmax_ops._split(n_rows, n_cols, cuda)
-            assert segment_len % 4096 == 0  # whole chunks
+            assert segment_len % softmax_ops._CHUNK["cuda"] == 0  # whole chunks
             assert (n_segments - 1) * segment_len < n_cols <= n_segments * segment_len  # none empty, all covered
 
 

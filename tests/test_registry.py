@@ -183,10 +183,37 @@ def test_float64_gradients_through_the_model():
 
 
 def test_eager_cuda_calls_have_a_direct_kernel():
-    """Eager CUDA calls skip custom_op's Python wrappers: each public op has a
-    kernel for the CUDA key, while tracing keeps the triton_op (Autograd and
-    CompositeExplicitAutograd registrations from torch.library)."""
+    """Eager CUDA calls skip custom_op's Python wrappers: each op has kernels for
+    the AutogradCUDA and CUDA keys, while tracing keeps the triton_op (Autograd
+    and CompositeExplicitAutograd registrations from torch.library)."""
     for name in ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul"]:
         table = torch._C._dispatch_dump(f"tk::{name}")
-        assert "\nCUDA: registered at" in table and "ops/_registry.py" in table.split("\nCUDA:")[1].splitlines()[0]
+        for key in ("AutogradCUDA", "CUDA"):
+            line = table.split(f"\n{key}:")[1].splitlines()[0]
+            assert "ops/_registry.py" in line, f"{name}: {key} kernel is {line}"
         assert "Autograd[alias]" in table and "CompositeExplicitAutograd[alias]" in table
+
+
+def test_the_eager_shortcut_is_refused_to_grads_and_tracing():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ops._registry import _is_plain_eager_call
+
+    x = torch.randn(3)
+    assert _is_plain_eager_call((x, "tanh"))
+    assert _is_plain_eager_call((torch.nn.Parameter(x.clone()).detach(),))
+    leaf = x.clone().requires_grad_()
+    assert not _is_plain_eager_call((leaf,))
+    with torch.no_grad():
+        assert _is_plain_eager_call((leaf,))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert not _is_plain_eager_call((fake,))
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        assert not _is_plain_eager_call((x,))

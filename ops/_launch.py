@@ -1,0 +1,156 @@
+"""Launching a Triton kernel with less Python per call (eager CUDA calls only).
+
+``kernel[grid](*args)`` goes through ``JITFunction.run``, which binds the
+arguments, computes the *specialization* of each one (its dtype, whether a
+pointer or an integer is divisible by 16, whether an integer equals 1), turns
+that into a cache key, finds the compiled binary and launches it.  On the GPU
+machines here that is about 21 µs of Python per launch, while the binary's own
+launcher takes about 7 µs: for a small tensor, most of an op's time.
+
+``FastKernel`` keeps Triton's answer.  The first call with a given
+specialization goes through Triton as usual (compiling, autotuning) and
+returns the compiled kernel; later calls with the same specialization call
+its launcher directly.  The key reproduces everything Triton specializes on,
+or more (more only costs an extra trip through Triton), so a binary is never
+reused for arguments it was not compiled for: a misaligned pointer or an odd
+size gets its own entry.  Anything unusual (float or None arguments, launch
+hooks that need Triton's path, a callable grid on a plain kernel) simply goes
+through Triton.
+
+Autotuned kernels are handled the same way, with the autotuner's own key (the
+values of its ``key`` arguments) added to ours; the grid, a function of the
+chosen config, is evaluated on each call.
+"""
+
+import torch
+
+try:
+    from triton import knobs
+    from triton.runtime import driver
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - an older Triton: always launch through Triton
+    knobs = None
+
+_INT32 = (-(2**31), 2**31)
+
+
+def _arg_key(a):
+    """What Triton specializes a runtime argument on, or None for 'not handled here'."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if type(a) is int:
+        return (a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1])
+    return None
+
+
+def _hooks_in_use() -> bool:
+    """Launch hooks (profilers) need Triton's own path: None, or an empty HookChain, means none."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def specialization_key(args, kwargs):
+    """A hashable key at least as fine as Triton's cache key; None if an argument is not handled."""
+    keys = []
+    for a in args:
+        k = _arg_key(a)
+        if k is None:
+            return None
+        keys.append(k)
+    return (tuple(keys), tuple(kwargs.items()))
+
+
+class FastKernel:
+    """``FastKernel(kernel)[grid](*args, **kwargs)`` launches like ``kernel[grid](...)``, faster after the first time."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.autotuner = kernel if isinstance(kernel, Autotuner) else None
+        jit = kernel
+        while not isinstance(jit, JITFunction):
+            jit = jit.fn
+        self.params = jit.arg_names
+        self.binaries = {}  # key -> (compiled kernel, config kwargs or None)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _launch(self, grid, args, kwargs):
+        key = specialization_key(args, kwargs)
+        if key is None or _hooks_in_use():
+            return self.kernel[grid](*args, **kwargs)
+        device = driver.active.get_current_device()
+        if self.autotuner is not None:
+            key = (key, device, tuple(self._value(name, args, kwargs) for name in self.autotuner.keys))
+        else:
+            key = (key, device)
+        found = self.binaries.get(key)
+        if found is None:
+            compiled = self.kernel[grid](*args, **kwargs)  # Triton's own path: compile, autotune, launch
+            self._remember(key, grid, args, kwargs, compiled)
+            return compiled
+        compiled, config = found
+        if config is not None:
+            kwargs = {**kwargs, **config}
+        if callable(grid):
+            grid = grid({**dict(zip(self.params, args)), **kwargs})
+        full_args = (*args, *(kwargs[name] for name in self.params[len(args) :]))
+        stream = driver.active.get_current_stream(device)
+        compiled.run(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            compiled.launch_metadata(grid, stream, *full_args),
+            knobs.runtime.launch_enter_hook,
+            knobs.runtime.launch_exit_hook,
+            *full_args,
+        )
+        return compiled
+
+    def _value(self, name, args, kwargs):
+        index = self.params.index(name)
+        return args[index] if index < len(args) else kwargs[name]
+
+    def _remember(self, key, grid, args, kwargs, compiled):
+        """Keep the binary Triton chose, if a later call can be launched from it alone."""
+        config = None
+        if self.autotuner is not None:
+            best = getattr(self.autotuner, "best_config", None)
+            if best is None or best.pre_hook is not None:
+                return
+            config = {k: v for k, v in best.all_kwargs().items() if k in self.params}
+        elif callable(grid):
+            return
+        named = {**kwargs, **(config or {})}
+        if not all(name in named for name in self.params[len(args) :]):
+            return  # a parameter left to its default: keep using Triton's path
+        if getattr(compiled, "function", None) is None:
+            return
+        self.binaries[key] = (compiled, config)
+
+
+_fast: dict[int, "FastKernel"] = {}
+
+
+def fast_kernel(kernel):
+    """The ``FastKernel`` of ``kernel`` (one per kernel), or the kernel itself where the fast path does not apply.
+
+    It applies to plain ``@triton.jit`` kernels and ``triton.autotune`` over one;
+    other wrappers (``triton.heuristics``) compute arguments per call and keep
+    Triton's path.
+    """
+    if knobs is None:
+        return kernel
+    inner = kernel.fn if isinstance(kernel, Autotuner) else kernel
+    if not isinstance(inner, JITFunction):
+        return kernel
+    found = _fast.get(id(kernel))
+    if found is None:
+        found = _fast[id(kernel)] = FastKernel(kernel)
+    return found
