@@ -7,7 +7,18 @@ from reference import assert_close
 
 from ops import gelu as gelu_module
 from ops import matmul as matmul_module
-from ops._launch import FastKernel, fast_kernel, specialization_key
+from ops._launch import FastKernel, _hooks_in_use, fast_kernel, specialization_key
+
+
+def _state():
+    """Why the fast path might be off, for a failure message."""
+    from triton import knobs
+
+    return (
+        f"hooks in use: {_hooks_in_use()} ({knobs.runtime.launch_enter_hook!r}, "
+        f"{getattr(knobs.runtime.launch_enter_hook, 'calls', None)}), "
+        f"dispatch modes: {torch._C._len_torch_dispatch_stack()}, grad: {torch.is_grad_enabled()}"
+    )
 
 
 def test_the_key_separates_what_triton_specializes_on():
@@ -53,7 +64,7 @@ def test_fast_launches_on_aligned_and_misaligned_views_match_float64():
     for view in (x, x, x[1:], x[1:], x[3:-5], x[:4096], x[:4096]):
         y = torch.ops.tk.gelu(view, "tanh")
         assert_close(y, F.gelu(view.double(), approximate="tanh"), torch.float16)
-    assert len(fast.binaries) >= 3  # aligned and odd size, misaligned, 4096 elements
+    assert len(fast.binaries) >= 3, _state()  # aligned and odd size, misaligned, 4096 elements
 
 
 @pytest.mark.gpu
@@ -63,4 +74,4 @@ def test_fast_launches_of_the_autotuned_matmul_follow_each_shape():
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         assert_close(torch.ops.tk.matmul(a, b), a.double() @ b.double(), torch.bfloat16)
-    assert fast.binaries
+    assert fast.binaries, _state()
