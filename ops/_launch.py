@@ -54,13 +54,14 @@ def _hooks_in_use() -> bool:
 
 def specialization_key(args, kwargs):
     """A hashable key at least as fine as Triton's cache key; None if an argument is not handled."""
-    keys = []
-    for a in args:
-        k = _arg_key(a)
-        if k is None:
-            return None
-        keys.append(k)
-    return (tuple(keys), tuple(kwargs.items()))
+    keys = tuple(_arg_key(a) for a in args)
+    if None in keys:
+        return None
+    return (keys, tuple(kwargs.items()))
+
+
+def _current_device() -> int:
+    return torch._C._cuda_getDevice()  # what torch.cuda.current_device() returns, without its Python layers
 
 
 class FastKernel:
@@ -73,7 +74,7 @@ class FastKernel:
         while not isinstance(jit, JITFunction):
             jit = jit.fn
         self.params = jit.arg_names
-        self.binaries = {}  # key -> (compiled kernel, config kwargs or None)
+        self.binaries = {}  # key -> (compiled kernel, the arguments after the positional ones, config)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
@@ -82,7 +83,7 @@ class FastKernel:
         key = specialization_key(args, kwargs)
         if key is None or _hooks_in_use():
             return self.kernel[grid](*args, **kwargs)
-        device = driver.active.get_current_device()
+        device = _current_device()
         if self.autotuner is not None:
             key = (key, device, tuple(self._value(name, args, kwargs) for name in self.autotuner.keys))
         else:
@@ -92,24 +93,21 @@ class FastKernel:
             compiled = self.kernel[grid](*args, **kwargs)  # Triton's own path: compile, autotune, launch
             self._remember(key, grid, args, kwargs, compiled)
             return compiled
-        compiled, config = found
-        if config is not None:
-            kwargs = {**kwargs, **config}
-        if callable(grid):
-            grid = grid({**dict(zip(self.params, args)), **kwargs})
-        full_args = (*args, *(kwargs[name] for name in self.params[len(args) :]))
-        stream = driver.active.get_current_stream(device)
+        compiled, tail, config = found
+        if callable(grid):  # autotuned: the grid depends on the chosen block sizes
+            grid = grid({**dict(zip(self.params, args)), **kwargs, **config})
         compiled.run(
             grid[0],
             grid[1] if len(grid) > 1 else 1,
             grid[2] if len(grid) > 2 else 1,
-            stream,
+            driver.active.get_current_stream(device),
             compiled.function,
             compiled.packed_metadata,
-            compiled.launch_metadata(grid, stream, *full_args),
-            knobs.runtime.launch_enter_hook,
-            knobs.runtime.launch_exit_hook,
-            *full_args,
+            None,  # launch metadata and the two hooks: only for launch hooks, which take Triton's path
+            None,
+            None,
+            *args,
+            *tail,
         )
         return compiled
 
@@ -119,7 +117,7 @@ class FastKernel:
 
     def _remember(self, key, grid, args, kwargs, compiled):
         """Keep the binary Triton chose, if a later call can be launched from it alone."""
-        config = None
+        config = {}
         if self.autotuner is not None:
             best = getattr(self.autotuner, "best_config", None)
             if best is None or best.pre_hook is not None:
@@ -127,12 +125,13 @@ class FastKernel:
             config = {k: v for k, v in best.all_kwargs().items() if k in self.params}
         elif callable(grid):
             return
-        named = {**kwargs, **(config or {})}
-        if not all(name in named for name in self.params[len(args) :]):
+        named = {**kwargs, **config}
+        rest = self.params[len(args) :]
+        if not all(name in named for name in rest):
             return  # a parameter left to its default: keep using Triton's path
         if getattr(compiled, "function", None) is None:
             return
-        self.binaries[key] = (compiled, config)
+        self.binaries[key] = (compiled, tuple(named[name] for name in rest), config)
 
 
 _fast: dict[int, "FastKernel"] = {}
