@@ -34,9 +34,10 @@ def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr
     if x.dtype != tl.float64:  # resolved at compile time: half and float32 inputs compute in float32
         x = x.to(tl.float32)
     if APPROXIMATE_TANH:
+        # 0.5 * (1 + tanh(u)) is sigmoid(2u): the same function without the
+        # cancellation of 1 + tanh(u) for large negative x (it would give 0).
         inner = SQRT_2_PI * (x + TANH_CUBIC * x * x * x)
-        tanh = 2.0 * tl.sigmoid(2.0 * inner) - 1.0  # tanh(u) = 2*sigmoid(2u) - 1
-        y = 0.5 * x * (1.0 + tanh)
+        y = x * tl.sigmoid(2.0 * inner)
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * SQRT_1_2))
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -55,10 +56,11 @@ def gelu_backward_kernel(
         x = x.to(tl.float32)
         grad = grad.to(tl.float32)
     if APPROXIMATE_TANH:
+        # y = x * s with s = sigmoid(2u): dy/dx = s + 2 x s (1 - s) du/dx
         inner = SQRT_2_PI * (x + TANH_CUBIC * x * x * x)
-        tanh = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+        s = tl.sigmoid(2.0 * inner)
         d_inner = SQRT_2_PI * (1.0 + 3.0 * TANH_CUBIC * x * x)
-        dy_dx = 0.5 * (1.0 + tanh) + 0.5 * x * (1.0 - tanh * tanh) * d_inner
+        dy_dx = s + 2.0 * x * s * (1.0 - s) * d_inner
     else:
         cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT_1_2))
         pdf = INV_SQRT_2PI * tl.exp(-0.5 * x * x)

@@ -339,3 +339,14 @@ def test_matmul_gradcheck():
         a = torch.randn(sa, dtype=torch.float64, requires_grad=True)
         b = torch.randn(sb, dtype=torch.float64, requires_grad=True)
         assert torch.autograd.gradcheck(torch.ops.tk.matmul, (a, b), fast_mode=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gelu_tanh_keeps_its_far_negative_tail(device):
+    """0.5 * x * (1 + tanh(u)) rounds to 0 below about x = -6 in float32; x * sigmoid(2u) does not."""
+    x = torch.linspace(-9, -5, 101, device=device)  # below -9 the exact answer underflows float32
+    y = torch.ops.tk.gelu(x, "tanh")
+    u = 0.7978845608028654 * (x.double() + 0.044715 * x.double() ** 3)
+    exact = x.double() * torch.sigmoid(2 * u)  # the same function, in float64
+    assert (y < 0).all()
+    assert_close(y, exact, torch.float32)
