@@ -62,6 +62,8 @@ def measure(device: torch.device, dtypes, rep_ms: float, progress=None) -> dict:
     except Exception as e:  # noqa: BLE001 - a report without a limit is still a report
         result["errors"].append(f"copy bandwidth: {type(e).__name__}: {e}")
     for dtype in dtypes:
+        if not dtype.is_floating_point:
+            continue  # no matmul rate for integer dtypes; their ops are judged against copy bandwidth
         name = dtype_name(dtype)
         if progress:
             progress.status(f"limits: {name} matmul throughput")

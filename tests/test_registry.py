@@ -186,7 +186,9 @@ def test_eager_cuda_calls_have_a_direct_kernel():
     """Eager CUDA calls skip custom_op's Python wrappers: each op has kernels for
     the AutogradCUDA and CUDA keys, while tracing keeps the triton_op (Autograd
     and CompositeExplicitAutograd registrations from torch.library)."""
-    for name in ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul"]:
+    names = ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul", "copy", "square", "square_backward"]
+    names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
+    for name in names:
         table = torch._C._dispatch_dump(f"tk::{name}")
         for key in ("AutogradCUDA", "CUDA"):
             line = table.split(f"\n{key}:")[1].splitlines()[0]
