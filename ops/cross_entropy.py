@@ -1,0 +1,477 @@
+"""Cross entropy of logits against class indices, forward and backward, fused.
+
+For a row x of C logits, its target class t and label smoothing s:
+
+    lse    = log(sum_c exp(x_c))                      the row's logsumexp
+    loss   = (1 - s) * (lse - x_t) + s * (lse - sum_c x_c / C)
+    dx_c   = (exp(x_c - lse) - (1 - s) * [c == t] - s / C) * g
+
+where g is the incoming gradient of the row's loss (divided by the number
+of kept rows for reduction="mean").  A row whose target is ``ignore_index``
+has loss 0 and gradient 0, and is not even read.  This is
+``torch.nn.functional.cross_entropy`` for (N, C) logits (or unbatched (C,)
+logits) and int64 targets, without class weights.
+
+The softmax is never materialized.  With vocabularies of 128k+ columns a
+row is too long for one block, so the forward runs one program per row
+that sweeps the row once in chunks, keeping a running maximum m and a
+running sum of exp(x - m), rescaled by exp(m_old - m_new) whenever the
+maximum grows (the *online* logsumexp).  x_t is a single extra load.  The
+forward writes each row's loss and its logsumexp; the backward reads the
+logits once more and recomputes exp(x - lse) from the saved logsumexp, so
+a training step reads the logits twice and writes the gradient once, the
+least a backward that cannot keep the logits on chip can do.
+
+    torch.ops.tk.cross_entropy            the user-facing op; a thin composite
+                                          over the two ops below, so that
+                                          autograd sees the forward op and can
+                                          keep its logsumexp
+    torch.ops.tk.cross_entropy_forward    (loss, lse); lse is not differentiable
+    torch.ops.tk.cross_entropy_backward   dlogits from (grad, logits, target, lse)
+
+Out-of-range targets (not in [0, C) and not ``ignore_index``): PyTorch raises
+on the CPU and asserts on CUDA; an op here cannot read the targets on the
+host, so instead the row's loss is NaN (so are a "mean" or "sum" over it) and
+so is its gradient.  No memory outside the row is read.
+
+Precision: logits are read in their dtype and every sum, exp and log is done
+in float32 (float64 for float64 logits).  The saved logsumexp is a float32
+number (as in flash attention), so the recomputed softmax carries a relative
+error of about |lse| * 6e-8: 1e-6 for logits of magnitude 20.
+``label_smoothing`` reaches the kernels as a float32 scalar, as every Python
+float argument of a Triton kernel does: exact for values such as 0.25,
+within 1e-8 for 0.1.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._registry import NAMESPACE, OpSpec, check_tensor, launcher, register_op, register_spec
+
+REDUCTIONS = ("none", "mean", "sum")
+
+
+# --------------------------------------------------------------------------
+# Pieces shared by the kernels.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_logits(row_ptr, cols, end):
+    """Columns `cols` of a row; those at or past `end` read as -inf, which adds exp(-inf) = 0."""
+    x = tl.load(row_ptr + cols, mask=cols < end, other=-float("inf"))
+    if x.dtype != tl.float64:  # resolved at compile time: half and float32 compute in float32
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _finite_or_zero(row_max):
+    """The shift for exp() in the online sum.  While every value seen is -inf,
+    shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
+    return tl.where(row_max == -float("inf"), 0.0, row_max)
+
+
+@triton.jit
+def _classify_target(target_ptr, row, n_cols, ignore_index):
+    """(target, ignored, in_range) of a row: its class, whether it is skipped,
+    and whether a kept row's class is a valid column."""
+    target = tl.load(target_ptr + row)
+    ignored = target == ignore_index
+    in_range = (target >= 0) & (target < n_cols)
+    return target, ignored, in_range
+
+
+# --------------------------------------------------------------------------
+# Forward: one program per row.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_forward_kernel(
+    logits_ptr, target_ptr, loss_ptr, lse_ptr,
+    n_cols, row_stride, ignore_index, label_smoothing,
+    SMOOTHING: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """Each row's loss and logsumexp, in one sweep over its logits."""
+    row = tl.program_id(0).to(tl.int64)  # int64: row * row_stride may pass 2**31
+    row_ptr = logits_ptr + row * row_stride
+    target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
+    # An ignored row reads nothing: with end = 0 every load below is masked off.
+    end = tl.where(ignored, 0, n_cols)
+
+    # The first chunk starts the running max and sum, so they take the compute
+    # dtype (float32, or float64) from the data: Triton on CUDA refuses a loop
+    # variable whose type would change from float32 to float64 inside the loop.
+    cols = tl.arange(0, BLOCK_SIZE)
+    x = _load_logits(row_ptr, cols, end)
+    run_max = tl.max(x, axis=0)
+    run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)), axis=0)
+    if SMOOTHING:  # sum of the logits, for the smoothing term (masked lanes add 0, not -inf)
+        run_total = tl.sum(tl.where(cols < end, x, 0.0), axis=0)
+    for chunk in range(BLOCK_SIZE, end, BLOCK_SIZE):
+        cols = chunk + tl.arange(0, BLOCK_SIZE)
+        x = _load_logits(row_ptr, cols, end)
+        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        shift = _finite_or_zero(new_max)
+        # Rescale the sum so far from the old max to the new one, then add this chunk.
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_max = new_max
+        if SMOOTHING:
+            run_total += tl.sum(tl.where(cols < end, x, 0.0), axis=0)
+    # An ignored row summed nothing: log(1) instead of log(0), its lse is unused.
+    log_sum = tl.log(tl.where(ignored, 1.0, run_sum))
+    lse = run_max + log_sum
+
+    # x_t: one more load, of a single element, skipped when t is not a column.
+    x_target = tl.load(row_ptr + target, mask=in_range & (end > 0), other=0.0).to(lse.dtype)
+    # (max - x_t) + log_sum rather than lse - x_t: with logits of 1e9, lse
+    # would round log_sum away.  An all -inf row gives -inf - -inf = NaN, as in PyTorch.
+    loss = (run_max - x_target) + log_sum
+    if SMOOTHING:  # resolved at compile time: with s = 0 a -inf logit must not turn 0 * -inf into NaN
+        smoothing = tl.cast(label_smoothing, lse.dtype)
+        loss = (1.0 - smoothing) * loss + smoothing * ((run_max - run_total / n_cols) + log_sum)
+    loss = tl.where(in_range, loss, float("nan"))  # an out-of-range target: NaN, see the module docstring
+    tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss).to(loss_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row, tl.where(ignored, 0.0, lse))  # 0 keeps exp(x - lse) finite in the backward
+
+
+@triton.jit
+def _kept_rows(target_ptr, rows, n_rows, ignore_index):
+    """1 for each of `rows` that exists and is not ignored, 0 otherwise (int32)."""
+    target = tl.load(target_ptr + rows, mask=rows < n_rows, other=ignore_index)
+    return (target != ignore_index).to(tl.int32)
+
+
+@triton.jit
+def cross_entropy_reduce_kernel(
+    row_loss_ptr, target_ptr, out_ptr, n_rows, ignore_index, MEAN: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    """The sum of the row losses, divided by the number of kept rows for MEAN.
+
+    One program: N row losses are a few kilobytes next to the N x C logits.
+    Each lane keeps its own partial sum, added up once at the end, in a fixed
+    order: the result is the same from run to run (no atomics).  No kept row
+    at all gives 0 / 0 = NaN for the mean, as in PyTorch.
+    """
+    rows = tl.arange(0, BLOCK_SIZE)
+    total = tl.load(row_loss_ptr + rows, mask=rows < n_rows, other=0.0)  # sets the dtype: float32 or float64
+    kept = _kept_rows(target_ptr, rows, n_rows, ignore_index)
+    for first in range(BLOCK_SIZE, n_rows, BLOCK_SIZE):
+        rows = first + tl.arange(0, BLOCK_SIZE)
+        total += tl.load(row_loss_ptr + rows, mask=rows < n_rows, other=0.0)
+        kept += _kept_rows(target_ptr, rows, n_rows, ignore_index)
+    result = tl.sum(total, axis=0)
+    if MEAN:
+        result = result / tl.sum(kept, axis=0).to(result.dtype)
+    tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------
+# Backward: one program per row, one read of the logits, one write.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ignore_index, BLOCK_SIZE: tl.constexpr):
+    """reduction="mean": every kept row's loss gradient is grad / (number of kept rows)."""
+    rows = tl.arange(0, BLOCK_SIZE)
+    kept = _kept_rows(target_ptr, rows, n_rows, ignore_index)
+    for first in range(BLOCK_SIZE, n_rows, BLOCK_SIZE):
+        kept += _kept_rows(target_ptr, first + tl.arange(0, BLOCK_SIZE), n_rows, ignore_index)
+    grad = tl.load(grad_ptr).to(scale_ptr.dtype.element_ty)
+    # No kept row: every row's gradient is 0 whatever the scale; 1 avoids a division by 0.
+    tl.store(scale_ptr, grad / tl.maximum(tl.sum(kept, axis=0), 1).to(grad.dtype))
+
+
+@triton.jit
+def cross_entropy_backward_kernel(
+    logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
+    n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g for one row.
+
+    g is read at row * scale_stride: the (N,) gradient of reduction="none"
+    (stride 0 when it was expanded from a scalar), or one scalar for "sum"
+    and "mean" (stride 0).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
+    lse = tl.load(lse_ptr + row)  # float32, or float64: the compute dtype
+    scale = tl.load(scale_ptr + row * scale_stride).to(lse.dtype)
+    scale = tl.where(in_range, scale, float("nan"))  # an out-of-range target: a NaN row
+    scale = tl.where(ignored, 0.0, scale)  # ignored: exactly 0, whatever the incoming gradient
+    smoothing = tl.cast(label_smoothing, lse.dtype)  # float64 logits: s / C in float64
+    smooth = smoothing / n_cols
+    target_weight = 1.0 - smoothing
+    read_end = tl.where(ignored, 0, n_cols)  # an ignored row is written (zeros), never read
+
+    row_ptr = logits_ptr + row * row_stride
+    out_ptr = dlogits_ptr + row * n_cols  # dlogits is a fresh contiguous (N, C) tensor
+    for chunk in range(0, n_cols, BLOCK_SIZE):
+        cols = chunk + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(row_ptr + cols, mask=cols < read_end, other=0.0)
+        if x.dtype != tl.float64:
+            x = x.to(tl.float32)
+        probs = tl.exp(x - lse)  # softmax, recomputed from the saved logsumexp
+        grad = (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
+        tl.store(out_ptr + cols, grad.to(dlogits_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# --------------------------------------------------------------------------
+# Launch configuration.
+# --------------------------------------------------------------------------
+
+# The chunk a row is swept in: the next power of two of C, capped.  On the GPU
+# 4096 columns over 8 warps is 16 per thread, enough loads in flight to hide
+# memory latency with a few programs per SM (as in softmax's online kernel);
+# the interpreter has no registers, only per-chunk Python overhead.
+_MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
+# The single-program reductions over the N rows.
+_REDUCE_BLOCK = {"cuda": 1024, "cpu": 1 << 16}
+
+
+def _kind(device: torch.device) -> str:
+    return "cuda" if device.type == "cuda" else "cpu"
+
+
+def _chunk(n_cols: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_SIZE, num_warps) of the row kernels: about 16 elements per thread."""
+    block = min(triton.next_power_of_2(n_cols), _MAX_CHUNK[_kind(device)])
+    return block, min(max(block // 512, 1), 8)
+
+
+def _reduce_block(n_rows: int, device: torch.device) -> int:
+    return min(triton.next_power_of_2(max(n_rows, 1)), _REDUCE_BLOCK[_kind(device)])
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# --------------------------------------------------------------------------
+# Argument checks.
+# --------------------------------------------------------------------------
+
+
+def _check_options(op: str, reduction: str, label_smoothing: float) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"tk.{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:  # NaN fails too
+        raise ValueError(f"tk.{op}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+
+
+def _check_logits_and_target(op: str, logits, target, logits_ndims=(2,)) -> None:
+    """logits (N, C) float, target (N,) int64 class indices, one device."""
+    if isinstance(logits, torch.Tensor) and logits.dim() not in logits_ndims:
+        shapes = " or ".join({1: "(C,)", 2: "(N, C)"}[n] for n in logits_ndims)
+        raise ValueError(
+            f"tk.{op}: logits must be {shapes}, got shape {tuple(logits.shape)}; flatten (B, T, C) logits to "
+            f"(B*T, C) and their targets to (B*T,) (F.cross_entropy would read dim 1 of a 3-D input as the classes)"
+        )
+    check_tensor(op, "logits", logits)
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        raise TypeError(
+            f"tk.{op}: target has dtype {str(target.dtype).replace('torch.', '')}: class-probability targets "
+            f"are not supported; pass int64 class indices"
+        )
+    check_tensor(op, "target", target, dtypes=(torch.int64,))
+    if target.device != logits.device:
+        raise ValueError(f"tk.{op}: logits is on {logits.device} but target is on {target.device}")
+    if tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"tk.{op}: target has shape {tuple(target.shape)}; logits of shape {tuple(logits.shape)} "
+            f"need a target of shape {tuple(logits.shape[:-1])}"
+        )
+    if logits.shape[-1] == 0:
+        raise ValueError(f"tk.{op}: logits has shape {tuple(logits.shape)}: there must be at least one class")
+
+
+def _rows_view(logits: torch.Tensor) -> torch.Tensor:
+    """logits with unit column stride (a row-sliced view, such as a padded
+    vocabulary cut to C columns, is kept as it is; other layouts are copied)."""
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+# --------------------------------------------------------------------------
+# The ops.
+# --------------------------------------------------------------------------
+
+
+def _cross_entropy_forward(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_logits_and_target("cross_entropy_forward", logits, target)
+    _check_options("cross_entropy_forward", reduction, label_smoothing)
+    logits, target = _rows_view(logits), target.contiguous()
+    n_rows, n_cols = logits.shape
+    device = logits.device
+    compute = _compute_dtype(logits.dtype)
+    lse = torch.empty(n_rows, dtype=compute, device=device)
+    if reduction == "none":
+        loss = row_loss = torch.empty(n_rows, dtype=logits.dtype, device=device)
+    else:  # row losses kept in the compute dtype, then reduced to one scalar
+        loss = torch.empty((), dtype=logits.dtype, device=device)
+        row_loss = torch.empty(n_rows, dtype=compute, device=device)
+    if n_rows > 0:
+        block, warps = _chunk(n_cols, device)
+        launcher(cross_entropy_forward_kernel, logits)[(n_rows,)](
+            logits, target, row_loss, lse, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
+            SMOOTHING=label_smoothing > 0, BLOCK_SIZE=block, num_warps=warps,
+        )  # fmt: skip
+    if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
+        launcher(cross_entropy_reduce_kernel, logits)[(1,)](
+            row_loss, target, loss, n_rows, ignore_index,
+            MEAN=reduction == "mean", BLOCK_SIZE=_reduce_block(n_rows, device), num_warps=4,
+        )  # fmt: skip
+    return loss, lse
+
+
+def _cross_entropy_backward(
+    grad: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+) -> torch.Tensor:
+    op = "cross_entropy_backward"
+    _check_logits_and_target(op, logits, target)
+    _check_options(op, reduction, label_smoothing)
+    check_tensor(op, "grad", grad)
+    check_tensor(op, "lse", lse, dtypes=(_compute_dtype(logits.dtype),))
+    n_rows, n_cols = logits.shape
+    grad_shape = (n_rows,) if reduction == "none" else ()
+    if tuple(grad.shape) != grad_shape:
+        raise ValueError(f"tk.{op}: grad has shape {tuple(grad.shape)}; reduction={reduction!r} needs {grad_shape}")
+    if tuple(lse.shape) != (n_rows,):
+        raise ValueError(f"tk.{op}: lse has shape {tuple(lse.shape)}, expected ({n_rows},)")
+    for name, t in (("grad", grad), ("lse", lse)):
+        if t.device != logits.device:
+            raise ValueError(f"tk.{op}: logits is on {logits.device} but {name} is on {t.device}")
+    logits, target, lse = _rows_view(logits), target.contiguous(), lse.contiguous()
+    dlogits = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
+    if n_rows == 0:
+        return dlogits
+    scale, scale_stride = grad, (grad.stride(0) if reduction == "none" else 0)
+    if reduction == "mean":  # one scalar, grad / kept rows, computed on the device
+        scale = torch.empty((), dtype=lse.dtype, device=logits.device)
+        launcher(cross_entropy_mean_scale_kernel, logits)[(1,)](
+            grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=_reduce_block(n_rows, logits.device), num_warps=4
+        )
+    block, warps = _chunk(n_cols, logits.device)
+    launcher(cross_entropy_backward_kernel, logits)[(n_rows,)](
+        logits, target, lse, scale, dlogits,
+        n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
+        BLOCK_SIZE=block, num_warps=warps,
+    )  # fmt: skip
+    return dlogits
+
+
+cross_entropy_forward = register_op("cross_entropy_forward", _cross_entropy_forward)
+cross_entropy_backward = register_op("cross_entropy_backward", _cross_entropy_backward)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target, ignore_index, reduction, label_smoothing = inputs
+    _, lse = output
+    ctx.save_for_backward(logits, target, lse)
+    ctx.mark_non_differentiable(lse)  # an internal by-product: no gradient flows through it
+    ctx.options = (ignore_index, reduction, label_smoothing)
+
+
+def _backward(ctx, grad_loss, grad_lse):
+    logits, target, lse = ctx.saved_tensors
+    dlogits = None
+    if ctx.needs_input_grad[0]:
+        dlogits = torch.ops.tk.cross_entropy_backward(grad_loss, logits, target, lse, *ctx.options)
+    return dlogits, None, None, None, None  # an integer target has no gradient
+
+
+cross_entropy_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The user-facing op.  A CompositeImplicitAutograd kernel runs *above*
+# autograd: autograd, fake tensors and torch.compile all see the
+# cross_entropy_forward op it calls, so the logsumexp is saved for the
+# backward while the caller gets the loss only.
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_LIBRARY.define(
+    "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', "
+    "float label_smoothing=0.0) -> Tensor"
+)
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """``F.cross_entropy(logits, target, ignore_index=, reduction=, label_smoothing=)``
+    for (N, C) logits with (N,) targets, or unbatched (C,) logits with a 0-d target."""
+    _check_logits_and_target("cross_entropy", logits, target, logits_ndims=(1, 2))
+    _check_options("cross_entropy", reduction, label_smoothing)
+    if logits.dim() == 1:  # unbatched: a batch of one row
+        loss, _ = torch.ops.tk.cross_entropy_forward(
+            logits.unsqueeze(0), target.unsqueeze(0), ignore_index, reduction, label_smoothing
+        )
+        return loss.squeeze(0) if reduction == "none" else loss
+    loss, _ = torch.ops.tk.cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing)
+    return loss
+
+
+_LIBRARY.impl("cross_entropy", cross_entropy, "CompositeImplicitAutograd")
+
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+
+def _make_inputs(shape, dtype, device):
+    n_rows, n_cols = shape
+    logits = torch.randn(n_rows, n_cols, dtype=dtype, device=device)
+    target = torch.randint(0, n_cols, (n_rows,), device=device)
+    return logits, target
+
+
+def _bytes(shape, dtype):
+    """Read the logits once and the targets, write one scalar (reduction="mean")."""
+    n_rows, n_cols = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    return n_rows * n_cols * size + n_rows * 8 + size
+
+
+def _liger_cross_entropy():
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction  # optional peer
+
+    def run(logits, target):
+        out = LigerCrossEntropyFunction.apply(logits, target)
+        return out[0] if isinstance(out, tuple) else out  # newer versions also return a z-loss
+
+    return run
+
+
+register_spec(
+    OpSpec(
+        name="cross_entropy",
+        tk=lambda logits, target: torch.ops.tk.cross_entropy(logits, target),
+        reference=lambda logits, target: F.cross_entropy(logits, target),
+        make_inputs=_make_inputs,
+        bytes_moved=_bytes,
+        flops=lambda shape, dtype: 4 * shape[0] * shape[1],  # max, subtract+exp, sum; per element
+        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7},
+        shapes={
+            "cuda": [(16384, 4096), (4096, 32000), (4096, 50257), (8192, 128256), (2048, 262144)],
+            "cpu": [(64, 1000), (4, 70_001)],
+        },
+        describe=lambda shape: f"N{shape[0]}xC{shape[1]}",
+        peers={"liger": _liger_cross_entropy},
+    )
+)

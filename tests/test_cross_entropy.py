@@ -1,0 +1,483 @@
+"""tk.cross_entropy against PyTorch's F.cross_entropy in float64.
+
+Each test runs on the CPU (the Triton kernels through the interpreter, small
+sizes) and on CUDA (compiled kernels, vocabulary-sized rows; marked `gpu`).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import DEVICES, DTYPES, assert_close, leaf64, strided_versions
+
+import ops
+
+REDUCTIONS = ["none", "mean", "sum"]
+SMOOTHINGS = [0.0, 0.1]
+
+
+def pick(device, cpu, cuda):
+    return cuda if device == "cuda" else cpu
+
+
+def as_float32(value: float) -> float:
+    """label_smoothing as the kernels see it: every float argument of a Triton kernel is float32."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def reference(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """PyTorch's answer in float64 (on the same device)."""
+    return F.cross_entropy(
+        logits.double(), target, ignore_index=ignore_index, reduction=reduction, label_smoothing=as_float32(label_smoothing)
+    )
+
+
+def make_case(n_rows, n_cols, device, dtype, ignore_every=5, scale=3.0):
+    """Logits spread like a model's, random targets, every `ignore_every`-th row ignored (from row 1)."""
+    logits = (scale * torch.randn(n_rows, n_cols, device=device)).to(dtype)
+    target = torch.randint(0, n_cols, (n_rows,), device=device)
+    target[1::ignore_every] = -100
+    return logits, target
+
+
+def differentiable_view(t):
+    """t's values in t's very layout (strides, offset), as a view of a fresh leaf
+    that requires grad: clone() would make a non-dense view contiguous."""
+    base = t._base if t._base is not None else t
+    leaf = base.detach().clone().requires_grad_()  # base is dense: the clone keeps its strides
+    view = leaf.as_strided(t.shape, t.stride(), t.storage_offset() - base.storage_offset())
+    assert view.stride() == t.stride()
+    torch.testing.assert_close(view.detach(), t, rtol=0, atol=0, equal_nan=True)
+    return view
+
+
+def tk_loss_and_grad(logits, target, grad, **options):
+    """tk's loss and its gradient w.r.t. the logits (in their layout) for the incoming `grad`."""
+    x = differentiable_view(logits)
+    loss = torch.ops.tk.cross_entropy(x, target, **options)
+    (dlogits,) = torch.autograd.grad(loss, x, grad)
+    return loss, dlogits
+
+
+def reference_loss_and_grad(logits, target, grad, label_smoothing=0.0, **options):
+    x64 = leaf64(logits)
+    loss = F.cross_entropy(x64, target, label_smoothing=as_float32(label_smoothing), **options)
+    loss.backward(grad.double())
+    return loss, x64.grad
+
+
+# -------------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_loss_matches_float64(device, dtype, reduction):
+    # C of one class, one short block, one block with a ragged end, and rows of several chunks.
+    shapes = pick(
+        device,
+        [(5, 1), (7, 7), (33, 1000), (3, 70_001)],
+        [(3, 1), (4099, 7), (1000, 50257), (4096, 32000), (256, 128256), (64, 262144)],
+    )
+    for n_rows, n_cols in shapes:
+        logits, target = make_case(n_rows, n_cols, device, dtype)
+        for smoothing in SMOOTHINGS:
+            out = torch.ops.tk.cross_entropy(logits, target, reduction=reduction, label_smoothing=smoothing)
+            ref = reference(logits, target, reduction=reduction, label_smoothing=smoothing)
+            assert out.shape == ref.shape, (n_rows, n_cols)
+            assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_defaults_are_those_of_pytorch(device):
+    logits, target = make_case(9, 33, device, torch.float32)
+    assert_close(torch.ops.tk.cross_entropy(logits, target), reference(logits, target), torch.float32)
+    assert torch.ops.tk.cross_entropy(logits, target).shape == ()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_unbatched_logits(device, reduction):
+    logits = 3 * torch.randn(1000, device=device)
+    for target in [torch.tensor(17, device=device), torch.tensor(-100, device=device)]:
+        loss, grad = tk_loss_and_grad(logits, target, torch.tensor(1.5, device=device), reduction=reduction)
+        ref_loss, ref_grad = reference_loss_and_grad(logits, target, torch.tensor(1.5, device=device), reduction=reduction)
+        assert loss.shape == ref_loss.shape == ()
+        torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)  # an ignored target: NaN mean
+        torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-5, atol=1e-7)  # and a zero gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ignore_index", [-100, -1, 3])
+def test_ignore_index_anywhere(device, ignore_index):
+    """ignore_index may be a valid class too: a row whose target equals it is skipped."""
+    logits, _ = make_case(40, 7, device, torch.float32)
+    target = torch.randint(0, 7, (40,), device=device)
+    target[::4] = ignore_index
+    for reduction in REDUCTIONS:
+        for smoothing in SMOOTHINGS:
+            options = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=smoothing)
+            grad = torch.randn(40 if reduction == "none" else (), device=device)
+            loss, dlogits = tk_loss_and_grad(logits, target, grad, **options)
+            ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, **options)
+            assert_close(loss, ref_loss, torch.float32)
+            assert_close(dlogits, ref_grad, torch.float32)
+            assert (dlogits[target == ignore_index] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_row_ignored(device):
+    """As PyTorch: loss 0 per row, a sum of 0, a mean of 0/0 = NaN; gradient 0."""
+    logits = torch.randn(6, 50, device=device)
+    target = torch.full((6,), -100, device=device)
+    for reduction in REDUCTIONS:
+        for smoothing in SMOOTHINGS:
+            grad = torch.ones(6 if reduction == "none" else (), device=device)
+            loss, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
+            ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
+            torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)
+            assert torch.equal(dlogits, torch.zeros_like(logits))
+            torch.testing.assert_close(dlogits.double(), ref_grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ignored_rows_are_not_read(device):
+    """NaN logits in ignored rows change nothing: the backward never loads them
+    (PyTorch's gradient there is NaN), and the forward masks them out."""
+    n_cols = pick(device, 20_000, 70_001)  # several chunks per row
+    logits, target = make_case(12, n_cols, device, torch.float32, ignore_every=3)
+    poisoned = logits.clone()
+    poisoned[target == -100] = float("nan")
+    for reduction in REDUCTIONS:
+        grad = torch.randn(12 if reduction == "none" else (), device=device)
+        loss, dlogits = tk_loss_and_grad(poisoned, target, grad, reduction=reduction, label_smoothing=0.1)
+        ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=0.1)
+        assert_close(loss, ref_loss, torch.float32)
+        assert_close(dlogits, ref_grad, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_range_targets_give_nan(device):
+    """PyTorch raises (CPU) or asserts (CUDA); tk cannot read targets on the host,
+    so such a row's loss and gradient are NaN, and every other row is unaffected."""
+    n_cols = 1000
+    logits, target = make_case(10, n_cols, device, torch.float32)
+    bad_rows = torch.tensor([0, 3, 7, 8], device=device)
+    target[bad_rows] = torch.tensor([n_cols, -1, -2**40, 10 * n_cols], device=device)
+    good = torch.ones(10, dtype=torch.bool, device=device)
+    good[bad_rows] = False
+    for smoothing in SMOOTHINGS:
+        options = dict(reduction="none", label_smoothing=smoothing)
+        loss, dlogits = tk_loss_and_grad(logits, target, torch.ones(10, device=device), **options)
+        assert loss[bad_rows].isnan().all() and not loss[good].isnan().any()
+        assert dlogits[bad_rows].isnan().all() and not dlogits[good].isnan().any()
+        ones_good = torch.ones(int(good.sum()), device=device)
+        ref_loss, ref_grad = reference_loss_and_grad(logits[good], target[good], ones_good, **options)
+        assert_close(loss[good], ref_loss, torch.float32)
+        assert_close(dlogits[good], ref_grad, torch.float32)
+        for reduction in ["mean", "sum"]:
+            assert torch.ops.tk.cross_entropy(logits, target, reduction=reduction, label_smoothing=smoothing).isnan()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [100, 70_001])  # one chunk, and several
+def test_numerically_stable(device, n_cols):
+    x = torch.randn(7, n_cols, device=device)
+    target = torch.randint(0, n_cols, (7,), device=device)
+    x[0, : n_cols // 2] = -float("inf")  # -inf first: the online sum must not turn NaN
+    target[0] = n_cols - 1
+    x[1] = x[1] * 1e30  # huge values: no overflow
+    x[2, 7] = 1e38  # one value dominates
+    x[3] = x[3].clamp(-1, 1) * 3e38  # near the float32 limit; its target is the maximum
+    target[1:4] = x[1:4].argmax(-1)
+    x[4] = -float("inf")  # every logit -inf: NaN, as in PyTorch
+    x[5] = x[5] - 1e4  # far from 0
+    x[6, target[6]] = -float("inf")  # the target's logit is -inf: an infinite loss
+    for smoothing in SMOOTHINGS:  # with smoothing, a -inf logit anywhere makes the loss infinite
+        out = torch.ops.tk.cross_entropy(x, target, reduction="none", label_smoothing=smoothing)
+        ref = reference(x, target, reduction="none", label_smoothing=smoothing)
+        rows = [0, 1, 2, 3, 4, 5, 6] if smoothing == 0 else [0, 1, 2, 4, 5, 6]  # row 3's sum overflows float32
+        torch.testing.assert_close(out[rows], ref[rows].float(), equal_nan=True)
+        assert out[4].isnan() and out[6] == float("inf")
+    big = (torch.randn(3, n_cols, device=device) * 1e4).to(torch.bfloat16)
+    target = torch.randint(0, n_cols, (3,), device=device)
+    out = torch.ops.tk.cross_entropy(big, target, reduction="none")
+    assert_close(out, reference(big, target, reduction="none"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous_inputs(device, dtype):
+    n_rows, n_cols = pick(device, (9, 1000), (1024, 32000))
+    logits, target = make_case(n_rows, n_cols, device, dtype)
+    padded = torch.randn(n_rows, n_cols + 64, device=device).to(dtype)
+    padded[:, :n_cols] = logits
+    views = [*strided_versions(logits), ("padded-vocabulary", padded[:, :n_cols])]
+    spread_target = torch.empty(2 * n_rows, dtype=torch.int64, device=device)
+    spread_target[::2] = target
+    for i, (layout, view) in enumerate(views):
+        assert view.is_contiguous() == (layout == "contiguous")
+        t = target if i % 2 == 0 else spread_target[::2]  # every other case: a strided target too
+        for reduction in REDUCTIONS:
+            grad = torch.randn(n_rows if reduction == "none" else (), device=device).to(dtype)
+            loss, dlogits = tk_loss_and_grad(view, t, grad, reduction=reduction, label_smoothing=0.1)
+            ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=0.1)
+            assert_close(loss, ref_loss, dtype)
+            assert_close(dlogits, ref_grad, dtype, scale=2)
+            assert dlogits.shape == view.shape, layout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expanded_incoming_gradient(device):
+    """loss.sum().backward() hands reduction="none" a gradient of stride 0."""
+    logits, target = make_case(33, 1000, device, torch.float32)
+    x = logits.clone().requires_grad_()
+    torch.ops.tk.cross_entropy(x, target, reduction="none").sum().backward()
+    x64 = leaf64(logits)
+    F.cross_entropy(x64, target, reduction="none").sum().backward()
+    assert_close(x.grad, x64.grad, torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    for n_cols in [1, 1000]:
+        logits = torch.randn(0, n_cols, device=device, requires_grad=True)
+        target = torch.empty(0, dtype=torch.int64, device=device)
+        for reduction in REDUCTIONS:
+            out = torch.ops.tk.cross_entropy(logits, target, reduction=reduction)
+            ref = F.cross_entropy(logits.detach(), target, reduction=reduction)
+            assert out.shape == ref.shape
+            torch.testing.assert_close(out, ref, equal_nan=True)  # a mean of nothing is NaN, a sum 0
+        (dlogits,) = torch.autograd.grad(torch.ops.tk.cross_entropy(logits, target, reduction="sum"), logits)
+        assert dlogits.shape == (0, n_cols)
+
+
+# ------------------------------------------------------------------- backward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradients_match_float64(device, dtype, reduction):
+    shapes = pick(device, [(7, 7), (9, 1000), (3, 70_001)], [(4099, 7), (1000, 50257), (512, 128256)])
+    for n_rows, n_cols in shapes:
+        logits, target = make_case(n_rows, n_cols, device, dtype)
+        for smoothing in SMOOTHINGS:
+            grad = torch.randn(n_rows if reduction == "none" else (), device=device).to(dtype)
+            _, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
+            _, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
+            assert dlogits.dtype == dtype and dlogits.shape == logits.shape
+            assert_close(dlogits, ref_grad, dtype, scale=2)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("smoothing", [0.0, 0.25])
+def test_gradcheck(reduction, smoothing):
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([3, -100, 0, 6, 6])
+
+    def loss(t):
+        return torch.ops.tk.cross_entropy(t, target, reduction=reduction, label_smoothing=smoothing)
+
+    assert torch.autograd.gradcheck(loss, (x,), fast_mode=True)
+
+
+def test_second_derivative_is_refused():
+    """The backward op has no backward of its own: a clear error, not a wrong answer."""
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    loss = torch.ops.tk.cross_entropy(x, torch.tensor([0, 1, 2]))
+    (dx,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        torch.autograd.grad(dx.sum(), x)
+
+
+def test_backward_op_matches_the_formula():
+    """tk.cross_entropy_backward on its own: (softmax - (1-s) onehot - s/C) * g per row."""
+    logits, target = make_case(6, 11, "cpu", torch.float64)
+    _, lse = torch.ops.tk.cross_entropy_forward(logits, target, -100, "none", 0.25)
+    torch.testing.assert_close(lse[target != -100], torch.logsumexp(logits, -1)[target != -100])
+    grad = torch.randn(6, dtype=torch.float64)
+    dlogits = torch.ops.tk.cross_entropy_backward(grad, logits, target, lse, -100, "none", 0.25)
+    onehot = F.one_hot(target.clamp_min(0), 11).double()
+    expected = (torch.softmax(logits, -1) - 0.75 * onehot - 0.25 / 11) * grad[:, None]
+    expected[target == -100] = 0
+    torch.testing.assert_close(dlogits, expected)
+
+
+def test_lse_is_not_differentiable():
+    x = torch.randn(3, 5, requires_grad=True)
+    loss, lse = torch.ops.tk.cross_entropy_forward(x, torch.tensor([0, 1, 2]), -100, "sum", 0.0)
+    assert loss.requires_grad and not lse.requires_grad
+
+
+# --------------------------------------------------- opcheck, errors, compile
+
+
+def opcheck_cases(device):
+    def logits(*shape, grad=True, dtype=torch.float32):
+        return torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+
+    target = torch.tensor([3, -100, 0, 6, 1], device=device)
+    target_ignoring_0 = torch.tensor([3, 0, 0, 6, 1], device=device)  # for ignore_index=0 (-100 would be out of range)
+    lse = torch.randn(5, device=device)
+    backward = torch.ops.tk.cross_entropy_backward.default
+    grad_none, grad_scalar = torch.randn(5, device=device), torch.randn((), device=device)
+    return [
+        (torch.ops.tk.cross_entropy.default, (logits(5, 7), target), {}),
+        (torch.ops.tk.cross_entropy.default, (logits(5, 7), target, -100, "none", 0.1), {}),
+        (torch.ops.tk.cross_entropy.default, (logits(7), target[0]), {"reduction": "sum"}),
+        (torch.ops.tk.cross_entropy_forward.default, (logits(5, 7), target, -100, "mean", 0.0), {}),
+        (torch.ops.tk.cross_entropy_forward.default, (logits(5, 7, dtype=torch.bfloat16), target_ignoring_0, 0, "none", 0.2), {}),
+        (torch.ops.tk.cross_entropy_forward.default, (logits(7, 5).t(), target, -100, "sum", 0.1), {}),
+        (backward, (grad_none, logits(5, 7, grad=False), target, lse, -100, "none", 0.1), {}),
+        (backward, (grad_scalar, logits(5, 7, grad=False), target, lse, -100, "mean", 0.0), {}),
+        (backward, (grad_scalar, logits(5, 7, grad=False), target_ignoring_0, lse, 0, "sum", 0.0), {}),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args, kwargs in opcheck_cases(device):
+        torch.library.opcheck(op, args, kwargs)
+
+
+def ones(*shape, dtype=torch.float32, device="cpu"):
+    return torch.ones(shape, dtype=dtype, device=device)
+
+
+def labels(*shape, dtype=torch.int64, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+ce = torch.ops.tk.cross_entropy
+ERROR_CASES = [
+    ("int logits", lambda: ce(labels(3, 4), labels(3)), TypeError, "logits has dtype int64"),
+    ("float target", lambda: ce(ones(3, 4), ones(3, 4)), TypeError, "class-probability targets are not supported"),
+    ("int32 target", lambda: ce(ones(3, 4), labels(3, dtype=torch.int32)), TypeError, "target has dtype int32; supported: int64"),
+    ("3-D logits", lambda: ce(ones(2, 3, 4), labels(2, 3)), ValueError, r"flatten \(B, T, C\) logits to \(B\*T, C\)"),
+    ("0-D logits", lambda: ce(torch.tensor(1.0), labels()), ValueError, r"logits must be \(C,\) or \(N, C\)"),
+    ("target shape", lambda: ce(ones(3, 4), labels(4)), ValueError, r"target has shape \(4,\); logits of shape \(3, 4\) need"),
+    ("no classes", lambda: ce(ones(3, 0), labels(3)), ValueError, "at least one class"),
+    ("reduction", lambda: ce(ones(3, 4), labels(3), reduction="avg"), ValueError, "reduction must be 'none', 'mean' or 'sum'"),
+    ("smoothing > 1", lambda: ce(ones(3, 4), labels(3), label_smoothing=1.5), ValueError, "label_smoothing must be between"),
+    ("smoothing < 0", lambda: ce(ones(3, 4), labels(3), label_smoothing=-0.1), ValueError, "label_smoothing must be between"),
+    ("devices", lambda: ce(ones(3, 4), labels(3, device="meta")), ValueError, "logits is on cpu but target is on meta"),
+    (
+        "forward 1-D",
+        lambda: torch.ops.tk.cross_entropy_forward(ones(4), labels(), -100, "mean", 0.0),
+        ValueError,
+        r"logits must be \(N, C\)",
+    ),
+    (
+        "backward grad shape",
+        lambda: torch.ops.tk.cross_entropy_backward(ones(3), ones(3, 4), labels(3), ones(3), -100, "mean", 0.0),
+        ValueError,
+        r"grad has shape \(3,\); reduction='mean' needs \(\)",
+    ),
+    (
+        "backward lse shape",
+        lambda: torch.ops.tk.cross_entropy_backward(ones(3), ones(3, 4), labels(3), ones(4), -100, "none", 0.0),
+        ValueError,
+        r"lse has shape \(4,\), expected \(3,\)",
+    ),
+    (
+        "backward lse dtype",
+        lambda: torch.ops.tk.cross_entropy_backward(ones(3), ones(3, 4), labels(3), ones(3).half(), -100, "none", 0.0),
+        TypeError,
+        "lse has dtype float16; supported: float32",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_bad_input_raises_a_clear_error(case):
+    _, call, error, message = case
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.gpu
+def test_device_mismatch_on_cuda():
+    with pytest.raises(ValueError, match="logits is on cuda:0 but target is on cpu"):
+        ce(ones(3, 4, device="cuda"), labels(3))
+
+
+def classifier_loss(x, w, target):
+    """A tiny classifier head, as a user would write it."""
+    return torch.ops.tk.cross_entropy(x @ w, target, label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_matches_eager_and_pytorch(device):
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    x = torch.randn(37, 48, device=device)
+    w = torch.randn(48, 1000, device=device) / 48**0.5
+    target = torch.randint(0, 1000, (37,), device=device)
+    target[::5] = -100
+    compiled = torch.compile(classifier_loss, fullgraph=True)  # fullgraph: any graph break is an error
+
+    def loss_and_grad(fn):
+        w_ = w.clone().requires_grad_()
+        loss = fn(x, w_, target)
+        loss.backward()
+        return loss, w_.grad
+
+    (compiled_loss, compiled_grad), code = run_and_get_code(lambda: loss_and_grad(compiled))
+    eager_loss, eager_grad = loss_and_grad(classifier_loss)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-5, atol=1e-6)
+    ref_loss, ref_grad = loss_and_grad(lambda x, w, t: F.cross_entropy(x @ w, t, label_smoothing=0.1))
+    assert_close(eager_loss, ref_loss.double(), torch.float32, scale=10)
+    assert_close(eager_grad, ref_grad.double(), torch.float32, scale=10)
+
+    source = "\n".join(code)
+    if device == "cuda":  # Inductor's output code launches tk's own kernels
+        names = ["cross_entropy_forward_kernel", "cross_entropy_reduce_kernel", "cross_entropy_backward_kernel"]
+    else:  # the compiled CPU graph calls tk's opaque CPU ops (the kernels, interpreted)
+        names = ["tk.cross_entropy_forward_cpu", "tk.cross_entropy_backward_cpu"]
+    for name in names:
+        assert name in source, f"{name} missing from the compiled code"
+
+
+# ------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_softmax_is_never_materialized(dtype):
+    """The forward allocates O(N) besides its input; the backward only dlogits."""
+    n_rows, n_cols = 4096, 32000
+    logits, target = make_case(n_rows, n_cols, "cuda", dtype)
+    logits.requires_grad_()
+    small = 64 * n_rows * 8  # the per-row loss and logsumexp, with room to spare
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss = torch.ops.tk.cross_entropy(logits, target)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before < small
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    (dlogits,) = torch.autograd.grad(loss, logits)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before < dlogits.numel() * dlogits.element_size() + small
+
+
+# ------------------------------------------------------------ harness spec
+
+
+def test_spec():
+    spec = ops.get_spec("cross_entropy")
+    assert set(spec.tolerance) >= set(spec.dtypes)
+    assert (8192, 128256) in spec.shapes["cuda"] and spec.shapes["cpu"]
+    n_rows, n_cols = spec.shapes["cpu"][0]
+    assert spec.bytes_moved((n_rows, n_cols), torch.bfloat16) == 2 * n_rows * n_cols + 8 * n_rows + 2
+    for dtype in spec.dtypes:
+        logits, target = spec.make_inputs((n_rows, n_cols), dtype, torch.device("cpu"))
+        assert logits.dtype == dtype and target.dtype == torch.int64 and 0 <= target.min() <= target.max() < n_cols
+        assert_close(spec.tk(logits, target), spec.reference(logits.double(), target), dtype)
