@@ -188,7 +188,7 @@ def test_eager_cuda_calls_have_a_direct_kernel():
     and CompositeExplicitAutograd registrations from torch.library)."""
     names = ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul", "copy", "square", "square_backward"]
     names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
-    names += ["cross_entropy_forward", "cross_entropy_backward"]
+    names += ["cross_entropy_forward", "cross_entropy_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward"]
     for name in names:
         table = torch._C._dispatch_dump(f"tk::{name}")
         for key in ("AutogradCUDA", "CUDA"):

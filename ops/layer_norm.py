@@ -1,0 +1,831 @@
+"""Layer norm over the trailing dims, forward and backward, rows of any length.
+
+For each row of N elements (the normalized dims flattened into one):
+
+    mean = sum(x) / N,   var = sum((x - mean)^2) / N,   rstd = 1 / sqrt(var + eps)
+    xhat = (x - mean) * rstd,                            y = xhat * w + b
+    g = dy * w,   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dw = sum over rows of dy * xhat,                     db = sum over rows of dy
+
+RMS norm (ops/rms_norm.py) is the same computation without the centering:
+mean = 0 (var is then the mean square), no bias, no mean(g) term.  So the
+kernels below take a CENTERED flag, both ops launch them through the same
+Python code, and each op's own kernels are thin wrappers that fix the flag.
+Statistics are computed in float32 (float64 for float64 inputs) whatever
+the storage dtype.
+
+Forward, two designs, by row length:
+
+* short rows (next_power_of_2(N) <= _MAX_BLOCK): a program normalizes a tile
+  of BLOCK_M whole rows, loaded once and reduced in registers: one read and
+  one write per element, the minimum.  Rows much shorter than a block are
+  stacked BLOCK_M to a tile so that each program still moves about _TILE
+  elements (one 128-column row per program would leave most lanes idle).
+* long rows: one program per row, two sweeps over BLOCK_N-column chunks.
+  The first gathers the statistics, the second writes y (its reads mostly
+  hit L2, which has just seen the row).  Mean and variance come out of the
+  single first sweep by merging per-chunk moments (Chan et al.): with each
+  chunk's mean and M2 = sum((x - mean)^2),
+
+      delta = mean_b - mean_a,   n = n_a + n_b,   mean = mean_a + delta * n_b / n
+      M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+
+  which, unlike sum(x^2) / N - mean^2, does not cancel when |mean| >> std.
+
+Backward, two designs, by row length:
+
+* short rows: a fixed number of programs (a few per SM, see
+  _backward_programs), each looping over row tiles.  A program loads a
+  tile of x and dy once, recomputes mean and rstd, writes dx, and adds
+  dy * xhat (and dy) to dw/db accumulators held in registers for its whole
+  run.  At the end it writes them as its own row of a (n_programs, N)
+  scratch; a second kernel sums the scratch's columns.  No atomics: each
+  scratch row has one writer, the result is the same bits on every run,
+  and the column sum reads a few hundred partial rows, little next to x.
+* long rows: neither a row nor its dw accumulator fits in registers.  A
+  first kernel sweeps each row once for mean, rstd, mean(g) and
+  mean(g * xhat) (merged chunk by chunk as above, the last through the
+  co-moment of x and g); a second runs over a (row group, column chunk)
+  grid, writes dx for its chunk of each row of its group and accumulates
+  that chunk of dw/db in registers into the scratch; then the same column
+  sum.  x and dy are read twice, the price of rows longer than a block.
+
+Saved statistics or recomputed ones: recomputed.  The backward reads every
+row of x and dy anyway, and mean and rstd come out of the very pass that
+computes the row sums the gradient needs (in registers for short rows, in
+the statistics sweep for long ones), so recomputing costs a few flops per
+element in a memory-bound kernel and no extra memory traffic.  Saving them
+would make the forward write, and the backward read, two more tensors, and
+the op return three outputs (or be split into a second registered op) for
+no measurable gain.  The autograd therefore keeps x and weight only.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+
+# --------------------------------------------------------------------------
+# Pieces shared by the kernels.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load(ptrs, mask):
+    """Values at `ptrs` (0 where masked) in the compute dtype: float32, or float64 for float64."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if x.dtype != tl.float64:  # resolved at compile time
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _zeros_2d(like_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A (BLOCK_M, BLOCK_N) accumulator in the compute dtype of `like_ptr`'s elements."""
+    if like_ptr.dtype.element_ty == tl.float64:
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return zeros
+
+
+@triton.jit
+def _zeros_1d(like_ptr, BLOCK_N: tl.constexpr):
+    """The same, (BLOCK_N,)."""
+    if like_ptr.dtype.element_ty == tl.float64:
+        zeros = tl.zeros((BLOCK_N,), dtype=tl.float64)
+    else:
+        zeros = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    return zeros
+
+
+@triton.jit
+def _rstd(m2, n_cols, eps):
+    """1 / sqrt(var + eps) from M2 = sum((x - mean)^2) (sum(x^2) for RMS norm).
+    eps arrives as a float32 scalar (Triton's type for a Python float), also
+    for float64 inputs: a difference of 1e-8 * eps, far below float64 tests' reach."""
+    return 1.0 / tl.sqrt(m2 / n_cols + eps)
+
+
+@triton.jit
+def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b.  `cols` has xhat's rank: (1, BLOCK_N) for a tile, so that
+    w and b broadcast over its rows; (BLOCK_N,) for a chunk of one row."""
+    y = xhat
+    if HAS_WEIGHT:
+        y = y * _load(w_ptr + cols, cols < n_cols)
+    if HAS_BIAS:
+        y = y + _load(b_ptr + cols, cols < n_cols)
+    return y
+
+
+@triton.jit
+def _standardize(x, mask, n_cols, eps, CENTERED: tl.constexpr):
+    """(xhat, rstd) of a (BLOCK_M, BLOCK_N) tile of whole rows, reduced in registers.
+
+    Padding lanes of x are 0 and stay 0 after centering, so they add nothing
+    to the sums.  The whole row is at hand, so the variance takes the
+    two-pass form: the mean first, then the squares of x - mean."""
+    if CENTERED:
+        mean = tl.sum(x, axis=1) / n_cols
+        x = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps)
+    return x * rstd[:, None], rstd
+
+
+# Long rows: statistics merged chunk by chunk (see the module docstring).
+
+
+@triton.jit
+def _chunk_moments(x, mask, count):
+    """(mean, M2) of one chunk; masked lanes (x = 0 there) are left out."""
+    mean = tl.sum(x, axis=0) / count
+    centered = tl.where(mask, x - mean, 0.0)
+    return mean, tl.sum(centered * centered, axis=0)
+
+
+@triton.jit
+def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Moments of two disjoint parts merged into those of their union."""
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    return mean, m2, n
+
+
+@triton.jit
+def _chunk_at(first, n_cols, BLOCK_N: tl.constexpr):
+    """Columns [first, first + BLOCK_N) of a row, the mask of those inside it, and their count."""
+    cols = first + tl.arange(0, BLOCK_N)
+    return cols, cols < n_cols, tl.minimum(n_cols - first, BLOCK_N)
+
+
+@triton.jit
+def _row_moments(x_ptr, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(mean, M2) of the row at x_ptr in one sweep; uncentered (RMS norm): (0, sum(x^2))."""
+    cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
+    x = _load(x_ptr + cols, mask)
+    if CENTERED:
+        # The first chunk starts the running moments, so they take the compute
+        # dtype from the data (a loop variable may not change dtype in the loop).
+        n_seen = count.to(x.dtype)
+        mean, m2 = _chunk_moments(x, mask, n_seen)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            n_chunk = count.to(x.dtype)
+            chunk_mean, chunk_m2 = _chunk_moments(x, mask, n_chunk)
+            mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
+    else:
+        mean = 0.0
+        m2 = tl.sum(x * x, axis=0)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            m2 += tl.sum(x * x, axis=0)
+    return mean, m2
+
+
+@triton.jit
+def _chunk_comoments(x, g, mask, count):
+    """(mean x, mean g, M2 of x, co-moment sum((x - mean x) * (g - mean g))) of one chunk."""
+    mean_x = tl.sum(x, axis=0) / count
+    mean_g = tl.sum(g, axis=0) / count
+    dx = tl.where(mask, x - mean_x, 0.0)
+    dg = tl.where(mask, g - mean_g, 0.0)
+    return mean_x, mean_g, tl.sum(dx * dx, axis=0), tl.sum(dx * dg, axis=0)
+
+
+@triton.jit
+def _merge_comoments(mean_x_a, mean_g_a, m2_a, c_a, n_a, mean_x_b, mean_g_b, m2_b, c_b, n_b):
+    """The co-moment merges like M2, with the product of the two means' deltas."""
+    n = n_a + n_b
+    delta_x = mean_x_b - mean_x_a
+    delta_g = mean_g_b - mean_g_a
+    weight = n_a * n_b / n
+    mean_x = mean_x_a + delta_x * (n_b / n)
+    mean_g = mean_g_a + delta_g * (n_b / n)
+    return mean_x, mean_g, m2_a + m2_b + delta_x * delta_x * weight, c_a + c_b + delta_x * delta_g * weight, n
+
+
+@triton.jit
+def _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
+    """g = dy * w, the gradient reaching xhat; and dy itself."""
+    dy = _load(dy_ptr + cols, mask)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * _load(w_ptr + cols, mask)
+    return g, dy
+
+
+@triton.jit
+def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One sweep over a row of x and g: (mean x, mean g, M2 of x, sum((x - mean x) * g)).
+
+    sum((x - mean x) * g) equals the co-moment, as sum(x - mean x) = 0.
+    Uncentered (RMS norm): (0, 0, sum(x^2), sum(x * g))."""
+    cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
+    x = _load(x_ptr + cols, mask)
+    g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+    if CENTERED:
+        n_seen = count.to(x.dtype)
+        mean_x, mean_g, m2, c = _chunk_comoments(x, g, mask, n_seen)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+            n_chunk = count.to(x.dtype)
+            chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x, g, mask, n_chunk)
+            mean_x, mean_g, m2, c, n_seen = _merge_comoments(
+                mean_x, mean_g, m2, c, n_seen, chunk_x, chunk_g, chunk_m2, chunk_c, n_chunk
+            )
+    else:
+        mean_x = 0.0
+        mean_g = 0.0
+        m2 = tl.sum(x * x, axis=0)
+        c = tl.sum(x * g, axis=0)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+            m2 += tl.sum(x * x, axis=0)
+            c += tl.sum(x * g, axis=0)
+    return mean_x, mean_g, m2, c
+
+
+# --------------------------------------------------------------------------
+# The kernels' bodies, for either op (CENTERED: layer norm; not: RMS norm).
+# Every op launches them through thin kernels that fix CENTERED, with one
+# signature for both ops (RMS norm passes HAS_BIAS=False, BIAS_GRAD=False).
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def normalize_rows(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Short rows: a tile of BLOCK_M whole rows per program, one read and one write."""
+    # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < n_rows) & (cols < n_cols)  # the last tile and every row's end hang over
+    offsets = rows * n_cols + cols
+    x = _load(x_ptr + offsets, mask)
+    xhat, _ = _standardize(x, mask, n_cols, eps, CENTERED)
+    y = _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def normalize_long_rows(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Long rows: one program per row; a sweep for the statistics, a sweep to write.
+    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows'.)"""
+    start = tl.program_id(0).to(tl.int64) * n_cols
+    mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
+    rstd = _rstd(m2, n_cols, eps)
+    for first in range(0, n_cols, BLOCK_N):
+        cols, mask, _ = _chunk_at(first, n_cols, BLOCK_N)
+        x = _load(x_ptr + start + cols, mask)
+        y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def normalize_rows_backward(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
+    it writes dx, and its sums of dy * xhat and dy as row pid of the scratches."""
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, cols < n_cols)  # once per program, reused by every row
+    dw_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)  # summed over the tile's rows only at the end
+    db_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)
+    for tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        # tl.cast rather than .to: the interpreter hands the loop a Python int.
+        rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+        mask = (rows < n_rows) & (cols < n_cols)
+        offsets = rows * n_cols + cols
+        x = _load(x_ptr + offsets, mask)
+        dy = _load(dy_ptr + offsets, mask)
+        xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
+        if CENTERED:
+            dx = (g - tl.sum(g, axis=1)[:, None] / n_cols - xhat * mean_g_xhat) * rstd[:, None]
+        else:
+            dx = (g - xhat * mean_g_xhat) * rstd[:, None]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        # Padding rows can have rstd = inf (eps = 0 and var = 0), so xhat NaN:
+        # the mask keeps them out of the sum.
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, dy * xhat, 0.0)
+        if BIAS_GRAD:
+            db_acc += dy
+    partial = tl.program_id(0).to(tl.int64) * n_cols + tl.arange(0, BLOCK_N)
+    in_row = tl.arange(0, BLOCK_N) < n_cols
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + partial, tl.sum(dw_acc, axis=0), mask=in_row)
+    if BIAS_GRAD:
+        tl.store(db_partial_ptr + partial, tl.sum(db_acc, axis=0), mask=in_row)
+
+
+# Long rows: per-row statistics, then a (row group, column chunk) grid.
+_STATS = 4  # per row: mean, rstd, mean(g * xhat), mean(g)
+
+
+@triton.jit
+def row_statistics_backward(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Long rows, pass 1: one sweep over a row for what dx needs (see _STATS)."""
+    row = tl.program_id(0).to(tl.int64)
+    start = row * n_cols
+    mean_x, mean_g, m2, c = _row_comoments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, HAS_WEIGHT, BLOCK_N)
+    rstd = _rstd(m2, n_cols, eps)
+    stats = stats_ptr + row * 4  # _STATS values a row
+    tl.store(stats + 1, rstd.to(stats_ptr.dtype.element_ty))
+    tl.store(stats + 2, (rstd * c / n_cols).to(stats_ptr.dtype.element_ty))  # mean(g * xhat)
+    if CENTERED:  # RMS norm reads neither
+        tl.store(stats + 0, mean_x.to(stats_ptr.dtype.element_ty))
+        tl.store(stats + 3, mean_g.to(stats_ptr.dtype.element_ty))
+
+
+@triton.jit
+def columns_backward(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Long rows, pass 2: program (group, chunk) writes dx on one column chunk of
+    the rows group, group + n_groups, ..., and that chunk of its partial dw/db."""
+    group = tl.program_id(0)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, mask)
+    dw_acc = _zeros_1d(x_ptr, BLOCK_N)
+    db_acc = _zeros_1d(x_ptr, BLOCK_N)
+    for row in range(group, n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)  # not .to: the interpreter hands the loop a Python int
+        start = row64 * n_cols
+        stats = stats_ptr + row64 * 4  # _STATS values a row
+        rstd = tl.load(stats + 1)
+        mean_g_xhat = tl.load(stats + 2)
+        x = _load(x_ptr + start + cols, mask)
+        dy = _load(dy_ptr + start + cols, mask)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        if CENTERED:
+            xhat = (x - tl.load(stats + 0)) * rstd
+            dx = (g - tl.load(stats + 3) - xhat * mean_g_xhat) * rstd
+        else:
+            xhat = x * rstd
+            dx = (g - xhat * mean_g_xhat) * rstd
+        tl.store(dx_ptr + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, dy * xhat, 0.0)
+        if BIAS_GRAD:
+            db_acc += dy
+    partial = group.to(tl.int64) * n_cols + cols
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + partial, dw_acc, mask=mask)
+    if BIAS_GRAD:
+        tl.store(db_partial_ptr + partial, db_acc, mask=mask)
+
+
+@triton.jit
+def column_sum_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[c] = sum over p of partial[p, c]: the second stage of the dw/db reduction.
+    Each program owns BLOCK_N columns and walks down the partial rows."""
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _zeros_2d(partial_ptr, BLOCK_P, BLOCK_N)
+    for first in range(0, n_partials, BLOCK_P):
+        parts = first + tl.arange(0, BLOCK_P)
+        mask = (parts[:, None] < n_partials) & (cols[None, :] < n_cols)
+        acc += tl.load(partial_ptr + parts[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# --------------------------------------------------------------------------
+# Layer norm's own kernels: the bodies above with CENTERED on.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def layer_norm_forward_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def layer_norm_forward_long_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_long_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def layer_norm_backward_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_rows_backward(
+        dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
+def layer_norm_backward_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    row_statistics_backward(dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, True, HAS_WEIGHT, BLOCK_N)
+
+
+@triton.jit
+def layer_norm_backward_columns_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    columns_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NormKernels:
+    """One op's kernels, a design each (see the module docstring)."""
+
+    forward: object  # short rows, a tile per program
+    forward_long_rows: object  # a row per program, two sweeps
+    backward: object  # short rows, persistent programs, partial dw/db
+    backward_stats: object  # long rows, pass 1
+    backward_columns: object  # long rows, pass 2
+
+
+LAYER_NORM_KERNELS = NormKernels(
+    forward=layer_norm_forward_kernel,
+    forward_long_rows=layer_norm_forward_long_rows_kernel,
+    backward=layer_norm_backward_kernel,
+    backward_stats=layer_norm_backward_stats_kernel,
+    backward_columns=layer_norm_backward_columns_kernel,
+)
+
+# --------------------------------------------------------------------------
+# Picking a design and launching it.
+# --------------------------------------------------------------------------
+
+# Longest row normalized in one block, and how many warps share it.  A
+# thread has at most 64K / threads registers (128 with 16 warps, 64 with
+# 32).  The forward keeps x, w, b and y live and runs 16 elements a thread:
+# a 16384-column row on 32 warps takes about 55 registers (ptxas, sm_90),
+# on 16 warps it spills.  The backward keeps x, dy, w, xhat, g and two
+# accumulators live and runs 8 elements a thread: 80 registers for a 4096
+# tile on 16 warps (8 warps would need 160), 64 for 8192 columns on 32
+# warps, its limit.  float64 values take two registers: half the blocks
+# and tiles on the GPU (float64 on CUDA is for tests, not speed).  The
+# interpreter has no registers, only a Python cost per program and step.
+_MAX_BLOCK = {"cuda": 16384, "cpu": 1 << 16}
+_MAX_BLOCK_BACKWARD = {"cuda": 8192, "cpu": 1 << 16}
+_TILE = {"cuda": 4096, "cpu": 1 << 14}  # short rows are stacked up to about this many elements a program
+_CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
+
+# The backward's programs (see _backward_programs).  Module-level so that a
+# test can shrink them and reach every design with small tensors.
+_PROGRAMS_PER_SM = 2  # CUDA; a starting point, to be tuned on the hardware
+_CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
+_MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
+_COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
+
+
+def _kind(device: torch.device) -> str:
+    """Which constants apply: "cuda", or "cpu" (the interpreter; also meta and fake CPU tensors)."""
+    return "cuda" if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _warps(elements: int, per_thread: int = 16) -> int:
+    """num_warps for a block of `elements`: about `per_thread` a thread, 1 to 32 warps."""
+    return min(max(elements // (32 * per_thread), 1), 32)
+
+
+def _register_limit(limits: dict, kind: str, dtype: torch.dtype) -> int:
+    """An element limit from `limits`, halved for float64 on the GPU (two registers a value)."""
+    return limits[kind] // 2 if kind == "cuda" and dtype == torch.float64 else limits[kind]
+
+
+def _fits_a_block(n_cols: int, limits: dict, x: torch.Tensor) -> bool:
+    """Whether a row of n_cols is held in one block (the short-row designs)."""
+    return triton.next_power_of_2(n_cols) <= _register_limit(limits, _kind(x.device), x.dtype)
+
+
+def _at_most(size, bound: int) -> int:
+    """min(size, bound) as a Python int.
+
+    Under torch.compile with dynamic shapes a size is symbolic, while block
+    sizes and program counts must be plain ints.  Comparing the size with
+    the bound (one guard) keeps a large dynamic size dynamic; only a size
+    below the bound, which then decides the launch, is specialized."""
+    return bound if size >= bound else int(size)
+
+
+def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements."""
+    block_n = triton.next_power_of_2(n_cols)
+    block_m = triton.next_power_of_2(_at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
+    return block_m, block_n
+
+
+def _backward_programs(work_items, n_rows, device: torch.device) -> int:
+    """How many programs share the backward, each writing one partial row.
+
+    _PROGRAMS_PER_SM per SM (a second program can load while the first
+    reduces and stores), never more than the work items (tiles, or row
+    groups), and at least
+    _MIN_ROWS_PER_PROGRAM rows each: a program with one row would write a
+    float32 partial as large as the row it read, and the column sum would
+    read it all again."""
+    bound = _at_most(n_rows // _MIN_ROWS_PER_PROGRAM, _target_programs(device))
+    return max(1, _at_most(work_items, bound))
+
+
+def _target_programs(device: torch.device) -> int:
+    return _PROGRAMS_PER_SM * _sm_count(device.index) if device.type == "cuda" else _CPU_PROGRAMS
+
+
+def _launch(kernel, grid, *args, **constexprs):
+    """Every launch goes through here (tests spy on it to see which design ran)."""
+    launcher(kernel, args[0])[grid](*args, **constexprs)
+
+
+def _rows(x: torch.Tensor, n_cols: int) -> int:
+    return x.numel() // n_cols if n_cols else 0
+
+
+def normalize(kernels: NormKernels, x, weight, bias, eps: float, n_cols: int) -> torch.Tensor:
+    """y for a contiguous x seen as rows of n_cols; weight and bias contiguous, of n_cols elements, or None."""
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n_rows = _rows(x, n_cols)
+    if n_rows == 0 or n_cols == 0:
+        return y
+    kind = _kind(x.device)
+    # An absent weight or bias still takes a pointer argument: x stands in, never read.
+    args = (x, x if weight is None else weight, x if bias is None else bias, y, n_rows, n_cols, eps)
+    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
+    if _fits_a_block(n_cols, _MAX_BLOCK, x):
+        block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
+        grid = (triton.cdiv(n_rows, block_m),)
+        _launch(kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_warps(block_m * block_n))
+    else:
+        chunk = _CHUNK[kind]
+        _launch(kernels.forward_long_rows, (n_rows,), *args, **flags, BLOCK_M=1, BLOCK_N=chunk, num_warps=_warps(chunk))
+    return y
+
+
+def normalize_backward(
+    kernels: NormKernels, grad, x, weight, eps: float, n_cols: int, weight_grad: bool, bias_grad: bool, param_shape
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(dx, dw, db) for contiguous grad and x seen as rows of n_cols; dw/db of
+    param_shape and x's dtype when asked for, None otherwise."""
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n_rows = _rows(x, n_cols)
+    allocate = torch.zeros if n_rows == 0 else torch.empty  # a sum over no rows is 0
+    dw = allocate(param_shape, dtype=x.dtype, device=x.device) if weight_grad else None
+    db = allocate(param_shape, dtype=x.dtype, device=x.device) if bias_grad else None
+    if n_rows == 0 or n_cols == 0:
+        return dx, dw, db
+    kind = _kind(x.device)
+    w = x if weight is None else weight
+    flags = {"HAS_WEIGHT": weight is not None, "WEIGHT_GRAD": weight_grad, "BIAS_GRAD": bias_grad}
+
+    if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
+        block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
+        n_programs = _backward_programs(triton.cdiv(n_rows, block_m), n_rows, x.device)
+        dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
+        _launch(
+            kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
+            **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_warps(block_m * block_n, per_thread=8),
+        )  # fmt: skip
+    else:
+        chunk = _CHUNK[kind]
+        stats = torch.empty(n_rows, _STATS, dtype=_compute_dtype(x), device=x.device)
+        _launch(
+            kernels.backward_stats, (n_rows,), grad, x, w, stats, n_cols, eps,
+            HAS_WEIGHT=weight is not None, BLOCK_N=chunk, num_warps=_warps(chunk, per_thread=8),
+        )  # fmt: skip
+        n_chunks = triton.cdiv(n_cols, chunk)
+        # About as many programs as the short-row design, spread over the chunks.
+        n_groups = _backward_programs(triton.cdiv(_target_programs(x.device), n_chunks), n_rows, x.device)
+        dw_partial, db_partial = _partials(n_groups, n_cols, x, dx, weight_grad, bias_grad)
+        _launch(
+            kernels.backward_columns, (n_groups, n_chunks), grad, x, w, stats, dx, dw_partial, db_partial,
+            n_rows, n_cols, **flags, BLOCK_N=chunk, num_warps=_warps(chunk, per_thread=8),
+        )  # fmt: skip
+    if weight_grad:
+        _column_sum(dw_partial, dw, n_cols)
+    if bias_grad:
+        _column_sum(db_partial, db, n_cols)
+    return dx, dw, db
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _partials(n_programs: int, n_cols: int, x, dx, weight_grad: bool, bias_grad: bool):
+    """The (n_programs, n_cols) scratches of the first reduction stage; dx
+    stands in for one not asked for (its pointer is never written)."""
+
+    def scratch(wanted):
+        return torch.empty(n_programs, n_cols, dtype=_compute_dtype(x), device=x.device) if wanted else dx
+
+    return scratch(weight_grad), scratch(bias_grad)
+
+
+def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int) -> None:
+    block_p, block_n = _COLUMN_SUM_BLOCK[_kind(out.device)]
+    block_n = min(block_n, triton.next_power_of_2(n_cols))
+    _launch(
+        column_sum_kernel, (triton.cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
+        BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# The op: checks, then the shared launchers.
+# --------------------------------------------------------------------------
+
+
+def check_param(op: str, arg: str, t: Optional[torch.Tensor], x: torch.Tensor, shape: tuple) -> None:
+    """A weight or bias: None, or a tensor of `shape` on x's device, of x's dtype."""
+    if t is None:
+        return
+    check_tensor(op, arg, t)
+    check_same(op, {"x": x, arg: t})
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"tk.{op}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def _normalized_size(op: str, x: torch.Tensor, normalized_shape) -> int:
+    """N, the product of the normalized dims, after checking they are x's trailing dims."""
+    shape = tuple(normalized_shape)
+    if len(shape) == 0:
+        raise ValueError(f"tk.{op}: normalized_shape must name at least one dim, got []")
+    if len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape) :]) != shape:
+        raise ValueError(
+            f"tk.{op}: normalized_shape {list(shape)} must be the trailing dims of x, of shape {tuple(x.shape)}"
+        )
+    n = 1
+    for s in shape:
+        n *= s
+    return int(n)  # under torch.compile, the row length is specialized: it picks the block size
+
+
+def _contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _layer_norm(
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    check_tensor("layer_norm", "x", x)
+    n_cols = _normalized_size("layer_norm", x, normalized_shape)
+    check_param("layer_norm", "weight", weight, x, normalized_shape)
+    check_param("layer_norm", "bias", bias, x, normalized_shape)
+    return normalize(LAYER_NORM_KERNELS, x.contiguous(), _contiguous(weight), _contiguous(bias), eps, n_cols)
+
+
+def _layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: Optional[torch.Tensor],
+    eps: float,
+    weight_grad: bool,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias).  dweight (dbias) has normalized_shape when weight_grad
+    (bias_grad) is True, and is an empty tensor otherwise: an op cannot return None."""
+    check_tensor("layer_norm_backward", "grad", grad)
+    check_tensor("layer_norm_backward", "x", x)
+    check_same("layer_norm_backward", {"grad": grad, "x": x})
+    if grad.shape != x.shape:
+        raise ValueError(f"tk.layer_norm_backward: grad has shape {tuple(grad.shape)} but x has {tuple(x.shape)}")
+    n_cols = _normalized_size("layer_norm_backward", x, normalized_shape)
+    check_param("layer_norm_backward", "weight", weight, x, normalized_shape)
+    if weight_grad and weight is None:
+        raise ValueError("tk.layer_norm_backward: weight_grad=True needs the weight")
+    dx, dw, db = normalize_backward(
+        LAYER_NORM_KERNELS, grad.contiguous(), x.contiguous(), _contiguous(weight), eps, n_cols,
+        weight_grad, bias_grad, tuple(normalized_shape),
+    )  # fmt: skip
+    return dx, x.new_empty(0) if dw is None else dw, x.new_empty(0) if db is None else db
+
+
+layer_norm = register_op("layer_norm", _layer_norm)
+layer_norm_backward = register_op("layer_norm_backward", _layer_norm_backward)
+
+
+def _setup_context(ctx, inputs, output):
+    x, normalized_shape, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight)  # mean and rstd are recomputed: see the module docstring
+    ctx.normalized_shape = normalized_shape
+    ctx.eps = eps
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    weight_grad = weight is not None and ctx.needs_input_grad[2]
+    bias_grad = ctx.has_bias and ctx.needs_input_grad[3]
+    dx, dw, db = torch.ops.tk.layer_norm_backward(grad, x, ctx.normalized_shape, weight, ctx.eps, weight_grad, bias_grad)
+    return dx, None, dw if weight_grad else None, db if bias_grad else None, None
+
+
+layer_norm.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+EPS = 1e-5  # F.layer_norm's default
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _make_inputs(shape, dtype, device):
+    """x, and a fixed weight and bias near PyTorch's initial ones (1 and 0), not equal to them."""
+    n = shape[-1]
+    weight = 1 + 0.1 * torch.randn(n, dtype=dtype, device=device)
+    bias = 0.1 * torch.randn(n, dtype=dtype, device=device)
+    return torch.randn(shape, dtype=dtype, device=device), weight, bias
+
+
+def _liger_layer_norm():
+    from liger_kernel.transformers.functional import liger_layer_norm  # optional peer
+
+    return lambda x, weight, bias: liger_layer_norm(x, weight, bias, EPS)
+
+
+# cuda: from launch-bound (2 MB in bfloat16) to hundreds of MB; (16384, 8192)
+# and (4096, 32768) move the same bytes through the short- and long-row designs.
+NORM_SHAPES = {
+    "cuda": [(1024, 1024), (65536, 256), (4096, 4096), (16384, 4096), (8192, 8192), (16384, 8192), (4096, 32768)],
+    "cpu": [(64, 1000), (4, 70_001)],
+}
+NORM_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
+
+register_spec(
+    OpSpec(
+        name="layer_norm",
+        tk=lambda x, weight, bias: torch.ops.tk.layer_norm(x, [x.shape[-1]], weight, bias, EPS),
+        reference=lambda x, weight, bias: F.layer_norm(x, (x.shape[-1],), weight, bias, EPS),
+        make_inputs=_make_inputs,
+        # read x, write y, read weight and bias
+        bytes_moved=lambda shape, dtype: (2 * _prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        # sum; subtract, square, sum; subtract, scale by rstd; times w, plus b
+        flops=lambda shape, dtype: 8 * _prod(shape),
+        tolerance=NORM_TOLERANCE,
+        shapes=NORM_SHAPES,
+        peers={"liger": _liger_layer_norm},
+    )
+)

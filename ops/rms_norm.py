@@ -1,0 +1,215 @@
+"""RMS norm over the last dim, forward and backward, rows of any length.
+
+For each row of N elements (N = x.shape[-1] = weight.shape[0]):
+
+    rstd = 1 / sqrt(mean(x^2) + eps),   xhat = x * rstd,   y = xhat * w
+    g = dy * w,   dx = rstd * (g - xhat * mean(g * xhat)),   dw = sum over rows of dy * xhat
+
+This is layer norm without the centering, so it runs layer_norm.py's
+kernel bodies with CENTERED off: the same designs (a tile of short rows per
+program, two sweeps for long rows), the same two-stage dw reduction without
+atomics, and the same choice to recompute rstd in the backward rather than
+save it; read that module's docstring.  The kernels here are thin wrappers
+that fix the flag, so that this op's kernels carry its name.
+
+Arguments, as in ``torch.nn.functional.rms_norm(x, (N,), weight, eps)``:
+
+* ``weight=None``: no scale, y = x * rstd (and no weight gradient).
+* ``eps=None``: the machine epsilon of the dtype the statistics are computed
+  in, which is what PyTorch does: ``torch.finfo(torch.float32).eps`` for
+  float32, float16 and bfloat16 inputs, ``torch.finfo(torch.float64).eps``
+  for float64.  (``torch.finfo(x.dtype).eps`` would be 2**-7 for bfloat16,
+  far from PyTorch's result on small inputs.)
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._registry import OpSpec, check_same, check_tensor, register_op, register_spec
+from .layer_norm import (
+    NORM_SHAPES,
+    NORM_TOLERANCE,
+    NormKernels,
+    check_param,
+    columns_backward,
+    normalize,
+    normalize_backward,
+    normalize_long_rows,
+    normalize_rows,
+    normalize_rows_backward,
+    row_statistics_backward,
+)
+
+# --------------------------------------------------------------------------
+# The kernels: layer norm's bodies with CENTERED off.  Their signatures are
+# layer norm's, so that one launcher serves both ops: RMS norm has no bias,
+# and is always launched with HAS_BIAS=False and BIAS_GRAD=False.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def rms_norm_forward_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def rms_norm_forward_long_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_long_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def rms_norm_backward_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    normalize_rows_backward(
+        dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
+def rms_norm_backward_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    row_statistics_backward(dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, False, HAS_WEIGHT, BLOCK_N)
+
+
+@triton.jit
+def rms_norm_backward_columns_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    columns_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+    )  # fmt: skip
+
+
+RMS_NORM_KERNELS = NormKernels(
+    forward=rms_norm_forward_kernel,
+    forward_long_rows=rms_norm_forward_long_rows_kernel,
+    backward=rms_norm_backward_kernel,
+    backward_stats=rms_norm_backward_stats_kernel,
+    backward_columns=rms_norm_backward_columns_kernel,
+)
+
+
+# --------------------------------------------------------------------------
+# The op.
+# --------------------------------------------------------------------------
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    """eps=None: the epsilon of the compute dtype, as torch.nn.functional.rms_norm uses."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def _row_length(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> int:
+    if x.dim() == 0:
+        raise ValueError(f"tk.{op}: x must have at least one dim (the one normalized), got a 0-D tensor")
+    check_param(op, "weight", weight, x, (x.shape[-1],))
+    return int(x.shape[-1])  # under torch.compile, the row length is specialized: it picks the block size
+
+
+def _rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
+    check_tensor("rms_norm", "x", x)
+    n_cols = _row_length("rms_norm", x, weight)
+    eps = default_eps(x.dtype) if eps is None else eps
+    w = None if weight is None else weight.contiguous()
+    return normalize(RMS_NORM_KERNELS, x.contiguous(), w, None, eps, n_cols)
+
+
+def _rms_norm_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: Optional[float], weight_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight); dweight has weight's shape when weight_grad is True and is
+    an empty tensor otherwise (an op cannot return None)."""
+    check_tensor("rms_norm_backward", "grad", grad)
+    check_tensor("rms_norm_backward", "x", x)
+    check_same("rms_norm_backward", {"grad": grad, "x": x})
+    if grad.shape != x.shape:
+        raise ValueError(f"tk.rms_norm_backward: grad has shape {tuple(grad.shape)} but x has {tuple(x.shape)}")
+    n_cols = _row_length("rms_norm_backward", x, weight)
+    if weight_grad and weight is None:
+        raise ValueError("tk.rms_norm_backward: weight_grad=True needs the weight")
+    eps = default_eps(x.dtype) if eps is None else eps
+    w = None if weight is None else weight.contiguous()
+    dx, dw, _ = normalize_backward(
+        RMS_NORM_KERNELS, grad.contiguous(), x.contiguous(), w, eps, n_cols, weight_grad, False, (n_cols,)
+    )
+    return dx, x.new_empty(0) if dw is None else dw
+
+
+rms_norm = register_op("rms_norm", _rms_norm)
+rms_norm_backward = register_op("rms_norm_backward", _rms_norm_backward)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)  # rstd is recomputed: see layer_norm.py's docstring
+    ctx.eps = eps
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    weight_grad = weight is not None and ctx.needs_input_grad[1]
+    dx, dw = torch.ops.tk.rms_norm_backward(grad, x, weight, ctx.eps, weight_grad)
+    return dx, dw if weight_grad else None, None
+
+
+rms_norm.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+EPS = 1e-6  # a common choice for RMS norm in transformers
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _make_inputs(shape, dtype, device):
+    """x, and a fixed weight near PyTorch's initial one (1), not equal to it."""
+    weight = 1 + 0.1 * torch.randn(shape[-1], dtype=dtype, device=device)
+    return torch.randn(shape, dtype=dtype, device=device), weight
+
+
+def _liger_rms_norm():
+    from liger_kernel.transformers.functional import liger_rms_norm  # optional peer
+
+    return lambda x, weight: liger_rms_norm(x, weight, EPS, in_place=False)
+
+
+register_spec(
+    OpSpec(
+        name="rms_norm",
+        tk=lambda x, weight: torch.ops.tk.rms_norm(x, weight, EPS),
+        reference=lambda x, weight: F.rms_norm(x, (x.shape[-1],), weight, EPS),
+        make_inputs=_make_inputs,
+        # read x, write y, read weight
+        bytes_moved=lambda shape, dtype: (2 * _prod(shape) + shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        # square and sum; scale by rstd; times w
+        flops=lambda shape, dtype: 4 * _prod(shape),
+        tolerance=NORM_TOLERANCE,
+        shapes=NORM_SHAPES,
+        peers={"liger": _liger_rms_norm},
+    )
+)

@@ -1,0 +1,604 @@
+"""rms_norm and layer_norm against float64 references: dtypes, odd shapes,
+strides, empties, every design, gradients, opcheck, errors and torch.compile.
+
+Each test runs on the CPU (the Triton kernels through the interpreter, small
+sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
+
+import ops
+from ops import layer_norm as norm_ops  # the module with the design constants both ops share
+from ops.rms_norm import default_eps
+
+
+def pick(device, cpu, cuda):
+    return cuda if device == "cuda" else cpu
+
+
+def params(n, device, dtype, weight=True, bias=True):
+    """A weight near 1 and a bias near 0 (not exactly: a wrong use of either shows)."""
+    w = 1 + 0.5 * torch.randn(n, device=device, dtype=dtype) if weight else None
+    b = 0.5 * torch.randn(n, device=device, dtype=dtype) if bias else None
+    return w, b
+
+
+def as64(t):
+    return None if t is None else t.double()
+
+
+def rms_reference(x, weight, eps):
+    return F.rms_norm(x.double(), (x.shape[-1],), as64(weight), eps)
+
+
+def layer_norm_reference(x, normalized_shape, weight, bias, eps):
+    return F.layer_norm(x.double(), normalized_shape, as64(weight), as64(bias), eps)
+
+
+# ------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_float64(device, dtype):
+    shapes = pick(
+        device,
+        [(37, 129), (3, 5, 64), (1, 1), (2, 70_001)],  # 70_001: longer than a CPU block
+        [(4096, 4096), (3000, 5000), (8, 1000, 999), (16384, 128), (64, 16385), (1024, 32768), (2, 100_003)]
+        + [(1, 4096), (4096, 1)],  # one row, one column: Triton specializes a size of 1
+    )
+    for i, shape in enumerate(shapes):
+        x = 2 * torch.randn(shape, device=device, dtype=dtype)
+        weight, _ = params(shape[-1], device, dtype, weight=i % 2 == 0, bias=False)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.rms_norm(view, weight, 1e-6)
+            assert y.shape == view.shape, layout
+            assert_close(y, rms_reference(view, weight, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_matches_float64(device, dtype):
+    cases = pick(
+        device,
+        [((37, 129), [129]), ((3, 5, 64), [5, 64]), ((4, 1), [1]), ((2, 3, 7, 11), [7, 11]), ((2, 70_001), [70_001])],
+        [
+            ((4096, 4096), [4096]),
+            ((3000, 5000), [5000]),
+            ((8, 1000, 999), [1000, 999]),
+            ((16384, 128), [128]),
+            ((64, 16385), [16385]),
+            ((1024, 32768), [32768]),
+            ((2, 100_003), [100_003]),
+            ((1, 4096), [4096]),  # one row, one column: Triton specializes a size of 1
+            ((4096, 1), [1]),
+        ],
+    )
+    affine = [(True, True), (True, False), (False, True), (False, False)]
+    for i, (shape, normalized_shape) in enumerate(cases):
+        x = 5 + 2 * torch.randn(shape, device=device, dtype=dtype)  # a mean far from 0
+        has_weight, has_bias = affine[i % len(affine)]
+        weight, bias = params(normalized_shape, device, dtype, has_weight, has_bias)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.layer_norm(view, normalized_shape, weight, bias, 1e-5)
+            assert y.shape == view.shape, layout
+            assert_close(y, layer_norm_reference(view, normalized_shape, weight, bias, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [129, 70_001])  # one block, and two sweeps
+def test_layer_norm_variance_survives_a_large_mean(device, n_cols):
+    """float32 rows of mean 1e4 and std 1.  Any float32 algorithm errs by
+    about eps * mean / std (the mean itself is rounded to float32); the
+    one-pass sum(x^2)/N - mean^2 loses the whole variance instead (errors of
+    0.6 to 250 here), and the chunk merge of long rows must not either."""
+    mean, std = 1e4, 1.0
+    x = mean + std * torch.randn(pick(device, 3, 512), n_cols, device=device)
+    reference = layer_norm_reference(x, [n_cols], None, None, 1e-5)
+    error = rel_error(torch.ops.tk.layer_norm(x, [n_cols], None, None, 1e-5), reference)
+    assert error < 8 * torch.finfo(torch.float32).eps * mean / std
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_default_eps_is_pytorchs(device, dtype):
+    """eps=None: PyTorch adds the compute dtype's epsilon (float32's for half
+    types), not torch.finfo(dtype).eps; it shows on rows of tiny values."""
+    x = 1e-4 * torch.randn(pick(device, 5, 1024), 64, device=device, dtype=dtype)
+    weight, _ = params(64, device, dtype, bias=False)
+    out = torch.ops.tk.rms_norm(x, weight, None)
+    expected = F.rms_norm(x, (64,), weight, None)
+    assert_close(out, expected.double(), dtype)
+    assert default_eps(dtype) == torch.finfo(torch.float32).eps
+    if dtype != torch.float32:  # the other reading of "the dtype's eps" would be far off
+        other = rms_reference(x, weight, torch.finfo(dtype).eps)
+        assert rel_error(out, other) > 0.5
+    assert default_eps(torch.float64) == torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_weight_and_bias(device):
+    n = 20
+    x = torch.randn(5, n, device=device)
+    weight = torch.randn(2 * n, device=device)[::2]
+    bias = torch.randn(3 * n, device=device)[::3]
+    assert_close(torch.ops.tk.rms_norm(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.float32)
+    assert_close(
+        torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5), layer_norm_reference(x, [n], weight, bias, 1e-5), torch.float32
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")  # numpy, in padding
+def test_eps_zero_leaves_padding_rows_out_of_the_gradients(device):
+    """Rows past the end of the last tile read as zeros: with eps = 0 their
+    rstd is inf and xhat NaN, which must not reach dw of the real rows."""
+    n_rows, n = 5, 20  # on either device a tile of 8 rows: three rows of padding
+    assert norm_ops._row_tile(n_rows, n, norm_ops._kind(torch.device(device)))[0] == 8
+    x = torch.randn(n_rows, n, device=device, dtype=torch.float64, requires_grad=True)
+    weight, bias = params(n, device, torch.float64)
+    inputs = [x, weight.requires_grad_(), bias.requires_grad_()]
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.rms_norm(x, w, 0.0), lambda x, w, b: F.rms_norm(x, (n,), w, 0.0), inputs, torch.float64
+    )
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 0.0),
+        lambda x, w, b: F.layer_norm(x, (n,), w, b, 0.0),
+        inputs,
+        torch.float64,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norms_of_empty_tensors(device):
+    weight = torch.randn(5, device=device, requires_grad=True)
+    bias = torch.randn(5, device=device, requires_grad=True)
+    for shape in [(0, 5), (2, 0, 5)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        y = torch.ops.tk.rms_norm(x, weight, 1e-6) + torch.ops.tk.layer_norm(x, [5], weight, bias, 1e-5)
+        assert y.shape == shape
+        y.sum().backward()
+        assert x.grad.shape == shape
+        assert torch.equal(weight.grad, torch.zeros(5, device=device))  # a sum over no rows
+        assert torch.equal(bias.grad, torch.zeros(5, device=device))
+        weight.grad = bias.grad = None
+    x = torch.randn(4, 0, device=device)
+    assert torch.ops.tk.rms_norm(x, None, None).shape == (4, 0)
+    assert torch.ops.tk.layer_norm(x, [0], None, None, 1e-5).shape == (4, 0)
+
+
+# ----------------------------------------------------------------- backward
+
+
+def check_gradients(tk_fn, torch_fn, inputs, dtype, scale=2.0):
+    """Gradients of every input that requires them, against PyTorch in float64."""
+    tk_inputs = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = tk_fn(*tk_inputs)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref_inputs = [None if t is None else leaf64(t).requires_grad_(t.requires_grad) for t in inputs]
+    torch_fn(*ref_inputs).backward(grad.double())
+    for got, want in zip(tk_inputs, ref_inputs):
+        if want is None or want.grad is None:  # frozen, or unused (a bias passed to rms_norm's lambda)
+            assert got is None or got.grad is None
+            continue
+        assert_close(got.grad, want.grad, dtype, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_backward_matches_pytorch(device, dtype):
+    shapes = pick(device, [(37, 129), (2, 3, 64)], [(4096, 4096), (16384, 1024), (3000, 5000), (512, 16385)])
+    for shape in shapes:
+        n = shape[-1]
+        x = 2 * torch.randn(shape, device=device, dtype=dtype).requires_grad_()
+        weight, _ = params(n, device, dtype, bias=False)
+        check_gradients(
+            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+            [x, weight.requires_grad_()],
+            dtype,
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_backward_matches_pytorch(device, dtype):
+    cases = pick(
+        device,
+        [((37, 129), [129]), ((2, 3, 4, 16), [4, 16])],
+        [((4096, 4096), [4096]), ((16384, 1024), [1024]), ((3000, 5000), [5000]), ((512, 16385), [16385])],
+    )
+    for shape, normalized_shape in cases:
+        x = (5 + 2 * torch.randn(shape, device=device, dtype=dtype)).requires_grad_()
+        weight, bias = params(normalized_shape, device, dtype)
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, normalized_shape, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, normalized_shape, w, b, 1e-5),
+            [x, weight.requires_grad_(), bias.requires_grad_()],
+            dtype,
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_only_where_asked(device):
+    """A frozen weight or bias gets no gradient (and none is computed); x may be frozen too."""
+    n = pick(device, 33, 4096)
+    dtype = torch.float32
+    x = torch.randn(pick(device, 6, 2048), n, device=device, dtype=dtype)
+    weight, bias = params(n, device, dtype)
+    for x_grad, w_grad, b_grad in [(True, False, False), (False, True, False), (True, False, True), (False, False, True)]:
+        inputs = [x.requires_grad_(x_grad), weight.requires_grad_(w_grad), bias.requires_grad_(b_grad)]
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+            inputs,
+            dtype,
+        )
+        if x_grad or w_grad:
+            check_gradients(
+                lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w: F.rms_norm(x, (n,), w, 1e-6), inputs[:2], dtype
+            )
+    check_gradients(  # no weight at all, bias only
+        lambda x, b: torch.ops.tk.layer_norm(x, [n], None, b, 1e-5),
+        lambda x, b: F.layer_norm(x, (n,), None, b, 1e-5),
+        [x.requires_grad_(), bias.requires_grad_()],
+        dtype,
+    )
+    check_gradients(lambda x: torch.ops.tk.rms_norm(x, None, None), lambda x: F.rms_norm(x, (n,), None, None), [x], dtype)
+
+
+def test_gradcheck():
+    x = torch.randn(3, 2, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
+    cases = [
+        (lambda x, w, b: torch.ops.tk.layer_norm(x, [2, 7], w, b, 1e-5), (x, w, b)),
+        (lambda x, w: torch.ops.tk.rms_norm(x, w[0], 1e-6), (x, w)),
+        (lambda x: torch.ops.tk.rms_norm(x, None, None), (x,)),
+        (lambda x: torch.ops.tk.layer_norm(x, [7], None, None, 1e-5), (x,)),
+    ]
+    for fn, inputs in cases:
+        assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+
+
+# ---------------------------------------------------------------- designs
+#
+# The CPU constants shrunk so that rows of tens of columns take every design:
+# forward blocks of at most 64 columns, backward blocks of 32, tiles of 32
+# elements, chunks of 16, up to 8 programs of at least 2 rows, and a column
+# sum of 2 partial rows by 8 columns a step.  `launched` records the kernels
+# and grids, so that each test checks it reached the design it means to test.
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setitem(norm_ops._MAX_BLOCK, "cpu", 64)
+    monkeypatch.setitem(norm_ops._MAX_BLOCK_BACKWARD, "cpu", 32)
+    monkeypatch.setitem(norm_ops._TILE, "cpu", 32)
+    monkeypatch.setitem(norm_ops._CHUNK, "cpu", 16)
+    monkeypatch.setitem(norm_ops._COLUMN_SUM_BLOCK, "cpu", (2, 8))
+    monkeypatch.setattr(norm_ops, "_CPU_PROGRAMS", 8)
+    monkeypatch.setattr(norm_ops, "_MIN_ROWS_PER_PROGRAM", 2)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    calls = []
+    launch = norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        calls.append((kernel.__name__, grid))
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    return calls
+
+
+# (shape, forward design, backward design, forward grid, backward grid) under small_blocks
+DESIGN_CASES = [
+    ((13, 20), "forward", "backward", (13,), (6,)),  # tiles of 1 row; 6 programs looping over 2 or 3 tiles
+    ((9, 6), "forward", "backward", (3,), (3,)),  # tiles of 4 rows of 8 lanes; the last tile is 3 rows of padding
+    ((7, 50), "forward", "backward_long", (7,), (2, 4)),  # 2 row groups x 4 chunks, the last of 2 columns
+    ((5, 100), "forward_long_rows", "backward_long", (5,), (2, 7)),  # 7 chunks, the last of 4 columns
+]
+
+
+def kernel_names(prefix, forward, backward):
+    backward_kernels = {
+        "backward": [f"{prefix}_backward_kernel"],
+        "backward_long": [f"{prefix}_backward_stats_kernel", f"{prefix}_backward_columns_kernel"],
+    }[backward]
+    forward_kernel = {"forward": f"{prefix}_forward_kernel", "forward_long_rows": f"{prefix}_forward_long_rows_kernel"}
+    return [forward_kernel[forward], *backward_kernels]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_designs_match_float64(small_blocks, launched, dtype, case):
+    shape, forward, backward, forward_grid, backward_grid = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", dtype)
+    ops_under_test = [
+        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]
+    for prefix, tk_fn, torch_fn in ops_under_test:
+        launched.clear()
+        assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
+        check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
+        names = [name for name, _ in launched]
+        # the forward twice (the value, then under autograd), the backward, a column sum per parameter
+        forward_kernel, *backward_kernels = kernel_names(prefix, forward, backward)
+        column_sums = ["column_sum_kernel"] * (1 if prefix == "rms_norm" else 2)
+        assert names == [forward_kernel, forward_kernel, *backward_kernels, *column_sums], names
+        grids = dict(launched)
+        assert grids[forward_kernel] == forward_grid
+        assert grids[backward_kernels[-1]] == backward_grid
+
+
+def test_long_rows_gradcheck(small_blocks, launched):
+    x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: torch.ops.tk.layer_norm(x, [50], w, b, 1e-5), (x, w, b), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6), (x, w), fast_mode=True)
+    names = {name for name, _ in launched}
+    assert {"layer_norm_backward_columns_kernel", "rms_norm_backward_columns_kernel"} <= names
+
+
+def test_the_design_rules(monkeypatch):
+    """Tiles hold whole rows and about _TILE elements; the backward's programs
+    are a few per SM, each with at least _MIN_ROWS_PER_PROGRAM rows."""
+    monkeypatch.setattr(norm_ops, "_sm_count", lambda index: 132)  # an H100
+    cuda = torch.device("cuda", 0)
+    target = norm_ops._PROGRAMS_PER_SM * 132
+    for n_rows in [1, 3, 100, 4096, 1 << 20]:
+        for n_cols in [1, 7, 128, 1000, 4096, 16384]:
+            block_m, block_n = norm_ops._row_tile(n_rows, n_cols, "cuda")
+            assert block_n >= n_cols and block_n & (block_n - 1) == 0 and block_m & (block_m - 1) == 0
+            assert block_m == 1 or block_m * block_n <= norm_ops._TILE["cuda"]
+            assert block_m < 2 * n_rows  # no tile of padding rows only
+            tiles = -(-n_rows // block_m)
+            programs = norm_ops._backward_programs(tiles, n_rows, cuda)
+            assert 1 <= programs <= min(target, tiles)
+            assert programs == 1 or n_rows / programs >= norm_ops._MIN_ROWS_PER_PROGRAM
+    assert norm_ops._backward_programs(1 << 20, 1 << 20, cuda) == target  # big inputs fill every SM
+
+
+# ------------------------------------------------------------ PyTorch side
+
+
+def opcheck_cases(device):
+    def t(*shape, grad=False, dtype=torch.float32):
+        return torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+
+    return [
+        (torch.ops.tk.rms_norm.default, (t(5, 7, grad=True), t(7, grad=True), 1e-6), {}),
+        (torch.ops.tk.rms_norm.default, (t(2, 3, 8, dtype=torch.bfloat16), None, None), {}),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7), t(7), 1e-6, True), {}),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7), None, None, False), {}),
+        (torch.ops.tk.layer_norm.default, (t(3, 4, 5, grad=True), [4, 5], t(4, 5, grad=True), t(4, 5, grad=True), 1e-5), {}),
+        (torch.ops.tk.layer_norm.default, (t(6, 5, grad=True), [5], None, t(5, grad=True)), {}),
+        (torch.ops.tk.layer_norm_backward.default, (t(3, 4, 5), t(3, 4, 5), [4, 5], t(4, 5), 1e-5, True, True), {}),
+        (torch.ops.tk.layer_norm_backward.default, (t(6, 5), t(6, 5), [5], None, 1e-5, False, True), {}),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args, kwargs in opcheck_cases(device):
+        torch.library.opcheck(op, args, kwargs)
+
+
+ERROR_CASES = [
+    ("rms int", lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.int64), None, None), TypeError, "x has dtype int64"),
+    ("rms 0-d", lambda: torch.ops.tk.rms_norm(torch.tensor(1.0), None, None), ValueError, "at least one dim"),
+    (
+        "rms weight size",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(5), None),
+        ValueError,
+        r"weight has shape \(5,\), expected \(4,\)",
+    ),
+    (
+        "rms weight rank",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(1, 4), None),
+        ValueError,
+        r"weight has shape \(1, 4\), expected \(4,\)",
+    ),
+    (
+        "rms weight dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(4, dtype=torch.float16), None),
+        TypeError,
+        "x has dtype torch.float32 but weight has dtype torch.float16",
+    ),
+    (
+        "rms weight device",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(4, device="meta"), None),
+        ValueError,
+        "x is on cpu but weight is on meta",
+    ),
+    (
+        "rms_backward shapes",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4), torch.ones(4, 3), None, None, False),
+        ValueError,
+        "grad has shape",
+    ),
+    (
+        "rms_backward weight_grad",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4), torch.ones(3, 4), None, None, True),
+        ValueError,
+        "weight_grad=True needs the weight",
+    ),
+    (
+        "ln bool",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.bool), [4], None, None, 1e-5),
+        TypeError,
+        "x has dtype bool",
+    ),
+    (
+        "ln shape",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [3], None, None, 1e-5),
+        ValueError,
+        r"normalized_shape \[3\] must be the trailing dims of x",
+    ),
+    (
+        "ln shape too long",
+        lambda: torch.ops.tk.layer_norm(torch.ones(4), [1, 4], None, None, 1e-5),
+        ValueError,
+        "must be the trailing dims",
+    ),
+    ("ln no dims", lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [], None, None, 1e-5), ValueError, "at least one dim"),
+    (
+        "ln bias shape",
+        lambda: torch.ops.tk.layer_norm(torch.ones(2, 3, 4), [3, 4], None, torch.ones(12), 1e-5),
+        ValueError,
+        r"bias has shape \(12,\), expected \(3, 4\)",
+    ),
+    (
+        "ln weight dtype",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.bfloat16), [4], torch.ones(4), None, 1e-5),
+        TypeError,
+        "x has dtype torch.bfloat16 but weight has dtype torch.float32",
+    ),
+    (
+        "ln_backward dtypes",
+        lambda: torch.ops.tk.layer_norm_backward(
+            torch.ones(3, 4, dtype=torch.float16), torch.ones(3, 4), [4], None, 1e-5, False, False
+        ),
+        TypeError,
+        "grad has dtype torch.float16 but x has dtype torch.float32",
+    ),
+    (
+        "ln_backward weight_grad",
+        lambda: torch.ops.tk.layer_norm_backward(torch.ones(3, 4), torch.ones(3, 4), [4], None, 1e-5, True, False),
+        ValueError,
+        "weight_grad=True needs the weight",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_bad_input_raises_a_clear_error(case):
+    _, call, error, message = case
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.gpu
+def test_device_mismatch_on_cuda():
+    with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cpu"):
+        torch.ops.tk.rms_norm(torch.ones(3, 4, device="cuda"), torch.ones(4), None)
+    with pytest.raises(ValueError, match="x is on cuda:0 but bias is on cpu"):
+        torch.ops.tk.layer_norm(torch.ones(3, 4, device="cuda"), [4], None, torch.ones(4), 1e-5)
+
+
+class TinyBlock(torch.nn.Module):
+    """A pre-norm residual block: layer norm, a projection, RMS norm."""
+
+    def __init__(self, dim=24, tk=True):
+        super().__init__()
+        self.tk = tk
+        self.ln_weight = torch.nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.ln_bias = torch.nn.Parameter(0.1 * torch.randn(dim))
+        self.proj = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+        self.rms_weight = torch.nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if self.tk:
+            h = torch.ops.tk.layer_norm(x, [n], self.ln_weight, self.ln_bias, 1e-5)
+            return torch.ops.tk.rms_norm(x + h @ self.proj, self.rms_weight, 1e-6)
+        h = F.layer_norm(x, (n,), self.ln_weight, self.ln_bias, 1e-5)
+        return F.rms_norm(x + h @ self.proj, (n,), self.rms_weight, 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_block_matches_eager_and_pytorch(device):
+    torch._dynamo.reset()
+    model = TinyBlock().to(device)
+    reference = TinyBlock(tk=False).to(device)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 19, 24, device=device)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: any graph break is an error
+
+    eager_out = model(x)
+    compiled_out = compiled(x)
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(eager_out, reference(x), rtol=1e-4, atol=1e-5)
+
+    target = torch.randn_like(eager_out)
+    (compiled_out * target).sum().backward()
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    (reference(x) * target).sum().backward()
+    for got, want in zip(compiled_grads, [p.grad for p in reference.parameters()]):
+        assert_close(got, want.double(), torch.float32, scale=10)
+
+
+def test_compiled_with_dynamic_shapes():
+    """dynamic=True: sizes are symbolic while tracing; the launch rules turn them into plain ints."""
+    torch._dynamo.reset()
+    model = TinyBlock()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for batch in [3, 5, 40]:
+        x = torch.randn(batch, 7, 24)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_cpu_graph_calls_the_interpreted_ops():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(TinyBlock(), fullgraph=True), torch.randn(5, 24))
+    source = "\n".join(code)
+    for op in ["tk.layer_norm_cpu", "tk.rms_norm_cpu"]:
+        assert op in source, f"{op} missing from the compiled code"
+
+
+@pytest.mark.gpu
+def test_compiled_cuda_graph_contains_the_hand_written_kernels():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(TinyBlock().cuda(), fullgraph=True), torch.randn(64, 24, device="cuda"))
+    source = "\n".join(code)
+    for kernel in ["layer_norm_forward_kernel", "rms_norm_forward_kernel"]:
+        assert kernel in source, f"{kernel} missing from Inductor's output code"
+    assert "tk.rms_norm_cpu" not in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16384, 4096), (2048, 32768)])  # both backward designs
+def test_weight_gradients_are_deterministic(shape):
+    """No atomics in the dw/db reduction: the same bits on every run."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    weight, bias = params(shape[-1], "cuda", torch.bfloat16)
+    grad = torch.randn_like(x)
+    runs = [
+        torch.ops.tk.layer_norm_backward(grad, x, [shape[-1]], weight, 1e-5, True, True) for _ in range(3)
+    ] + [torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True) for _ in range(3)]
+    for first, again in [(runs[0], runs[1]), (runs[0], runs[2]), (runs[3], runs[4]), (runs[3], runs[5])]:
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_every_norm_has_a_spec_the_harness_can_run():
+    for name, n_params in [("rms_norm", 1), ("layer_norm", 2)]:
+        spec = ops.get_spec(name)
+        assert set(spec.tolerance) >= set(spec.dtypes)
+        assert spec.shapes["cpu"] and spec.shapes["cuda"]
+        for dtype in [torch.float32, torch.bfloat16]:
+            inputs = spec.make_inputs((6, 40), dtype, torch.device("cpu"))
+            assert len(inputs) == 1 + n_params
+            y = spec.tk(*inputs)
+            moved = sum(t.numel() * t.element_size() for t in (*inputs, y))  # each read or written once
+            assert spec.bytes_moved((6, 40), dtype) == moved
+            assert_close(y, spec.reference(*[t.double() for t in inputs]), dtype)
