@@ -13,7 +13,7 @@ returns the compiled kernel; later calls with the same specialization call
 its launcher directly.  The key reproduces everything Triton specializes on,
 or more (more only costs an extra trip through Triton), so a binary is never
 reused for arguments it was not compiled for: a misaligned pointer or an odd
-size gets its own entry.  Anything unusual (float or None arguments, launch
+size gets its own entry.  Anything unusual (None or bool arguments, launch
 hooks that need Triton's path, a callable grid on a plain kernel) simply goes
 through Triton.
 
@@ -41,6 +41,8 @@ def _arg_key(a):
         return (a.dtype, a.data_ptr() % 16 == 0)
     if type(a) is int:
         return (a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1])
+    if type(a) is float:
+        return float  # always an fp32 argument: Triton does not specialize on its value
     return None
 
 
