@@ -7,7 +7,7 @@ sizes) and on CUDA (compiled kernels, vocabulary-sized rows; marked `gpu`).
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, DTYPES, assert_close, leaf64, strided_versions
+from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_error, strided_versions
 
 import ops
 
@@ -58,6 +58,14 @@ def tk_loss_and_grad(logits, target, grad, **options):
     return loss, dlogits
 
 
+def pytorch_grad(logits, target, grad, reduction, label_smoothing):
+    """PyTorch's own gradient in the logits' dtype, for its rounding error."""
+    x = logits.detach().clone().requires_grad_()
+    loss = F.cross_entropy(x, target, reduction=reduction, label_smoothing=as_float32(label_smoothing))
+    loss.backward(grad)
+    return x.grad
+
+
 def reference_loss_and_grad(logits, target, grad, label_smoothing=0.0, **options):
     x64 = leaf64(logits)
     loss = F.cross_entropy(x64, target, label_smoothing=as_float32(label_smoothing), **options)
@@ -103,7 +111,13 @@ def test_unbatched_logits(device, reduction):
         loss, grad = tk_loss_and_grad(logits, target, torch.tensor(1.5, device=device), reduction=reduction)
         ref_loss, ref_grad = reference_loss_and_grad(logits, target, torch.tensor(1.5, device=device), reduction=reduction)
         assert loss.shape == ref_loss.shape == ()
-        torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)  # an ignored target: NaN mean
+        if target == -100 and reduction == "mean":
+            # 0 / 0 kept rows: NaN, as PyTorch gives for a batch of ignored rows.  For
+            # one unbatched target PyTorch's answer varies (NaN on CPU with torch 2.13,
+            # 0 on CUDA with torch 2.11); tk stays NaN, consistent with the batched case.
+            assert loss.isnan() and (ref_loss.isnan() or ref_loss == 0)
+        else:
+            torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)
         torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-5, atol=1e-7)  # and a zero gradient
 
 
@@ -270,7 +284,10 @@ def test_gradients_match_float64(device, dtype, reduction):
             _, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
             _, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction, label_smoothing=smoothing)
             assert dlogits.dtype == dtype and dlogits.shape == logits.shape
-            assert_close(dlogits, ref_grad, dtype, scale=2)
+            # With mean over many rows most gradients are below float16's smallest
+            # normal (p / N ~ 1e-8): PyTorch's own float16 gradient has that error too.
+            torch_err = rel_error(pytorch_grad(logits, target, grad, reduction, smoothing), ref_grad)
+            assert_close(dlogits, ref_grad, dtype, scale=max(2, 2 * torch_err / TOLERANCE[dtype]))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
