@@ -107,10 +107,13 @@ def _zeros_1d(like_ptr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _rstd(m2, n_cols, eps):
-    """1 / sqrt(var + eps) from M2 = sum((x - mean)^2) (sum(x^2) for RMS norm).
-    eps arrives as a float32 scalar (Triton's type for a Python float), also
-    for float64 inputs: a difference of 1e-8 * eps, far below float64 tests' reach."""
-    return 1.0 / tl.sqrt(m2 / n_cols + eps)
+    """1 / sqrt(var + eps) from M2 = sum((x - mean)^2) (sum(x^2) for RMS norm),
+    in M2's dtype.  eps arrives as a float32 scalar from Triton's launcher (its
+    type for a Python float), but as a float64 one from Inductor's generated
+    code: the cast keeps a loop's accumulators from turning float64.  For
+    float64 inputs on CUDA eps is thus rounded to float32 (a relative 3e-8 of
+    eps, visible only on rows whose mean square is near eps)."""
+    return (1.0 / tl.sqrt(m2 / n_cols + eps)).to(m2.dtype)
 
 
 @triton.jit
