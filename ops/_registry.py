@@ -160,6 +160,10 @@ def _run_direct(body: Callable, args, kwargs):
     previous = getattr(_direct, "on", False)
     _direct.on = True
     try:
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if device.index is not None and device.index != torch._C._cuda_getDevice():
+            with torch.cuda.device(device):  # Triton launches on the current device
+                return body(*args, **kwargs)
         return body(*args, **kwargs)
     finally:
         _direct.on = previous
@@ -233,6 +237,8 @@ class OpSpec:
     unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
     peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
     reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs
+    compile_tk: bool = False  # also time torch.compile of `tk` (a model built from tk ops)
+    kernel_modules: tuple[str, ...] = ()  # where the hand-written kernels live, if not in tk's own module
 
 
 SPECS: dict[str, OpSpec] = {}
