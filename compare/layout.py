@@ -37,5 +37,9 @@ def repoint(link: Path, target: Path) -> bool:
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     os.symlink(rel, tmp)
-    os.replace(tmp, link)
+    try:
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no stray link left behind; the old one is untouched
+        raise
     return True

@@ -114,6 +114,40 @@ def errors(out, expected: list[torch.Tensor]) -> tuple[float, float]:
     return math.sqrt(diff_sq / ref_sq), max_abs
 
 
+def _snapshot(args: tuple, device: torch.device) -> list | None:
+    """Copies of the tensor inputs, to catch a variant that writes into them; None
+    when the device has no room for the copies (the check is then skipped)."""
+    try:
+        return [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+    except torch.cuda.OutOfMemoryError:
+        _free(device)
+        return None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, NaN included (torch.equal says NaN != NaN)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    a, b = a.detach(), b.detach()
+    if a.is_floating_point() and a.element_size() in ints:
+        return bool(torch.equal(a.view(ints[a.element_size()]), b.view(ints[b.element_size()])))
+    return bool(torch.equal(a, b))
+
+
+def _restore_inputs(args: tuple, pristine: list | None) -> bool:
+    """True if every tensor input is as it was; otherwise copy the originals back and say False."""
+    if pristine is None:
+        return True
+    unchanged = True
+    for a, p in zip(args, pristine):
+        try:
+            if p is not None and not _same_bits(a, p):
+                unchanged = False
+                a.detach().copy_(p)
+        except Exception:  # noqa: BLE001 - an input that cannot be compared or written back: the check gives up
+            pass
+    return unchanged
+
+
 def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, settings: Settings) -> dict:
     device = settings.device
     return {
@@ -294,8 +328,13 @@ def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, p
     _apply_rounding_floor([c.record for c in cases], expected, dtype)
     if any(v.compiled for v in variants):
         torch._dynamo.reset()  # a fresh compile per shape: no dynamic shapes, no reused autotune result
+    pristine = _snapshot(args, device)
     for c in cases:
         _prepare(c, spec, dtype, shape, args, expected, settings, say)
+        if not _restore_inputs(args, pristine):  # it wrote into its inputs: the others get them back
+            c.record["status"], c.fn = "failed", None
+            c.record["error"] = "check: the variant changed its inputs in place (restored for the other variants)"
+    del pristine
     del expected
     _free(device)
     _time(cases, args, settings, say)

@@ -124,7 +124,9 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> int:
     batch_b = b.shape[0] if b.dim() == 3 else None
     if batch_a is not None and batch_b is not None and batch_a != batch_b:
         raise ValueError(f"tk.matmul: batch sizes differ: a has {batch_a}, b has {batch_b}")
-    return batch_a or batch_b or 1
+    if batch_a is not None:  # not `batch_a or batch_b`: a batch of 0 matrices is 0, not 1
+        return batch_a
+    return 1 if batch_b is None else batch_b
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -134,6 +136,8 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     batch = _check_shapes(a, b)
     if a.dtype == torch.float64 and on_cuda(a):
         raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
+    if on_cuda(a) and batch > 65535:  # the batch is the grid's second axis, at most 65535 programs on CUDA
+        raise ValueError(f"tk.matmul: a batch of {batch} matrices is more than a CUDA grid holds (65535); split the batch")
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batched = a.dim() == 3 or b.dim() == 3

@@ -368,6 +368,19 @@ def _normalize_dim(op: str, x: torch.Tensor, dim: int) -> int:
     return dim % rank
 
 
+def _check_row_count(op: str, x: torch.Tensor, dim: int) -> None:
+    """Each row is one program of the grid's first axis, which holds 2**31 - 1 on CUDA."""
+    if x.device.type != "cuda":
+        return
+    n_cols, _ = _cols_and_inner(x, dim)
+    n_rows = x.numel() // max(n_cols, 1)
+    if n_rows > 2**31 - 1:
+        raise ValueError(
+            f"tk.{op}: {n_rows} rows of {n_cols} along dim {dim} of shape {tuple(x.shape)}: "
+            "more than a CUDA grid holds (2**31 - 1); softmax over a longer dim, or split the tensor"
+        )
+
+
 def _cols_and_inner(x: torch.Tensor, dim: int) -> tuple[int, int]:
     """Row length and the distance between a row's elements, for softmax along `dim`."""
     if x.dim() == 0:
@@ -385,6 +398,7 @@ def _prod(sizes) -> int:
 def _softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     check_tensor("softmax", "x", x)
     dim = _normalize_dim("softmax", x, dim)
+    _check_row_count("softmax", x, dim)
     x = x.contiguous()  # the (outer, n_cols, inner) view needs the standard layout
     y = torch.empty_like(x)
     if x.numel() == 0:
@@ -401,6 +415,7 @@ def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Te
     if grad.shape != y.shape:
         raise ValueError(f"tk.softmax_backward: grad has shape {tuple(grad.shape)} but y has {tuple(y.shape)}")
     dim = _normalize_dim("softmax_backward", y, dim)
+    _check_row_count("softmax_backward", y, dim)
     grad, y = grad.contiguous(), y.contiguous()
     dx = torch.empty_like(y)
     if y.numel() == 0:

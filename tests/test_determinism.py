@@ -1,0 +1,266 @@
+"""Run-to-run drift: the same input, several runs, the same bits.
+
+A race (two programs writing one element, a read before a write lands) or an
+element that no program writes shows up as an answer that changes between
+runs on the same input.  Each kernel runs several times on one input; between
+runs the memory of the previous output is filled with 0xFF bytes (NaN in every
+float dtype) before it is freed, so that an output element a kernel forgets
+to write reads as NaN in the next run, which the caching allocator hands the
+same memory.
+
+Every tk kernel is meant to be deterministic: no atomics, every reduction in
+a fixed order (the split softmax combines its partials in segment order).
+They must be bit-identical.  A kernel that is not (atomics: a float sum whose
+order follows the scheduling) goes in the table with ``deterministic=False``
+and a drift bound.
+
+One source of variation between *processes* remains: matmul's autotuner
+picks a tile configuration by timing, so two processes may run different
+configurations, whose sums run in different orders.  The last test bounds the
+difference between every configuration.
+"""
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from unittest import mock
+
+import pytest
+import torch
+import triton
+from reference import TOLERANCE, rel_error
+
+import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops import matmul as matmul_module
+from ops import softmax as softmax_module
+from ops._registry import launcher
+
+tk = torch.ops.tk
+RUNS = {"cpu": 3, "cuda": 5}  # the interpreter is slow, and numpy has no scheduling to vary
+BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+
+
+@contextlib.contextmanager
+def small_softmax_blocks():
+    """The CPU constants of ops/softmax.py shrunk: rows of a few hundred columns take every design."""
+    with (
+        mock.patch.dict(softmax_module._MAX_BLOCK, {"cpu": 64}),
+        mock.patch.dict(softmax_module._CHUNK, {"cpu": 16}),
+        mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", 2),
+        mock.patch.object(softmax_module, "_CPU_PROGRAMS", 8),
+    ):
+        yield
+
+
+@dataclass(frozen=True)
+class Repeat:
+    name: str
+    make: Callable[[str], tuple]  # device -> arguments, at a size that suits the device
+    call: Callable  # the tk call: a tensor or a tuple of tensors
+    deterministic: bool = True
+    drift: float | None = None  # for the others: max relative norm difference to the first run
+    context: Callable = contextlib.nullcontext  # around the CPU runs
+
+
+def sized(device, cpu, cuda):
+    return cuda if device == "cuda" else cpu
+
+
+def randn(device, *shape, dtype=torch.float32):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def with_grads(fn, *inputs, seed=1):
+    """The output and the input gradients: the forward and backward kernels together."""
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    gen = torch.Generator(device=out.device).manual_seed(seed)
+    weight = torch.randn(out.shape, generator=gen, device=out.device).to(out.dtype)
+    return (out.detach(), *torch.autograd.grad(out, leaves, weight))
+
+
+SOFTMAX_DESIGNS = {  # (rows, columns) reaching each design: CPU with small_softmax_blocks, CUDA as it is
+    "one block": ((7, 50), (4096, 1024)),
+    "looped": ((9, 70), (1024, 65536)),
+    "split rows": ((3, 200), (64, 1 << 20)),
+}
+
+REPEATS = [
+    *[
+        Repeat(f"gelu {approximate} {str(dtype)[6:]}",
+               lambda d, dtype=dtype: (randn(d, sized(d, 4099, 1 << 26), dtype=dtype),),
+               lambda x, a=approximate: with_grads(lambda t: tk.gelu(t, a), x))
+        for approximate in ("none", "tanh")
+        for dtype in (torch.float32, torch.bfloat16)
+    ],
+    *[
+        Repeat(f"softmax {design} {str(dtype)[6:]}",
+               lambda d, shapes=shapes, dtype=dtype: (randn(d, *sized(d, *shapes), dtype=dtype),),
+               lambda x: with_grads(lambda t: tk.softmax(t, -1), x),
+               context=small_softmax_blocks)
+        for design, shapes in SOFTMAX_DESIGNS.items()
+        for dtype in (torch.float32, torch.bfloat16)
+    ],
+    Repeat("softmax along dim 0", lambda d: (randn(d, *sized(d, (100, 3), (3001, 4099))),),
+           lambda x: with_grads(lambda t: tk.softmax(t, 0), x), context=small_softmax_blocks),
+    *[
+        Repeat(f"matmul {str(dtype)[6:]}",
+               lambda d, dtype=dtype: (randn(d, *sized(d, (70, 130), (4096, 4096)), dtype=dtype),
+                                       randn(d, *sized(d, (130, 65), (4096, 4096)), dtype=dtype)),
+               lambda a, b: with_grads(tk.matmul, a, b))
+        for dtype in (torch.float16, torch.bfloat16, torch.float32)
+    ],
+    Repeat("matmul batched, b broadcast", lambda d: (randn(d, *sized(d, (2, 65, 33), (8, 1000, 768)), dtype=torch.bfloat16),
+                                                      randn(d, *sized(d, (33, 17), (768, 513)), dtype=torch.bfloat16)),
+           lambda a, b: with_grads(tk.matmul, a, b)),
+]  # fmt: skip
+
+
+def _outputs(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _poison(tensors) -> None:
+    """Fill the memory of `tensors` with 0xFF bytes (NaN in every float dtype)."""
+    for t in tensors:
+        t.untyped_storage().fill_(0xFF)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype]))
+
+
+def repeat(call, args, runs=3) -> list[tuple]:
+    """`runs` results of call(*args), each kept as a copy; each run's own output
+    memory poisoned and freed before the next run."""
+    results = []
+    for _ in range(runs):
+        out = _outputs(call(*args))
+        results.append(tuple(t.clone() for t in out))
+        _poison(out)
+        del out
+    return results
+
+
+def assert_repeatable(name, results, deterministic=True, drift=None):
+    first = results[0]
+    for run, later in enumerate(results[1:], start=2):
+        for k, (a, b) in enumerate(zip(first, later)):
+            if deterministic:
+                differ = (a.view(BITS[a.dtype]) != b.view(BITS[b.dtype])).sum().item()
+                assert _same_bits(a, b), f"{name}: output {k} of run {run} differs from run 1 in {differ} elements"
+            else:
+                assert rel_error(b, a) <= drift, f"{name}: output {k} of run {run} drifts {rel_error(b, a):.2e} > {drift:.1e}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", REPEATS, ids=[r.name for r in REPEATS])
+def test_same_input_same_bits(case, device):
+    args = case.make(device)
+    with case.context() if device == "cpu" else contextlib.nullcontext():
+        results = repeat(case.call, args, RUNS[device])
+    assert all(torch.isfinite(t).all() for t in results[0]), f"{case.name}: non-finite output on a finite input"
+    assert_repeatable(case.name, results, case.deterministic, case.drift)
+
+
+def test_every_kernel_is_in_the_table():
+    """The table runs each op's forward and backward kernels at least once."""
+    names = " ".join(r.name for r in REPEATS)
+    for op in ("gelu", "softmax", "matmul"):
+        assert op in names
+    assert all(f"softmax {design}" in names for design in SOFTMAX_DESIGNS)
+
+
+# ---------------------------------------------------------------------------
+# The check itself can fail.
+# ---------------------------------------------------------------------------
+
+
+def test_the_check_catches_a_drifting_kernel():
+    calls = []
+
+    def drifting(x):  # a float sum whose order changes from run to run
+        calls.append(1)
+        return x * (1 + 1e-7 * len(calls))
+
+    results = repeat(drifting, (torch.randn(100),))
+    with pytest.raises(AssertionError, match="differs from run 1"):
+        assert_repeatable("drifting", results)
+    assert_repeatable("drifting", results, deterministic=False, drift=1e-6)
+    with pytest.raises(AssertionError, match="drifts"):
+        assert_repeatable("drifting", results, deterministic=False, drift=1e-8)
+
+
+@pytest.mark.gpu
+def test_the_check_catches_an_element_left_unwritten():
+    """A kernel whose last block forgets an element: the poisoned memory shows it
+    (the CUDA caching allocator gives the next run the freed block)."""
+
+    def forgets_the_last(x):
+        y = torch.empty_like(x)
+        torch.mul(x[:-1], 2, out=y[:-1])  # out=: no temporary takes the freed block
+        return y
+
+    x = torch.randn(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no free block left from earlier tests: run 1 gets the zeros below
+    zeros = torch.zeros_like(x)
+    del zeros  # a block of zeros back in the pool: run 1's output
+    results = repeat(forgets_the_last, (x,), RUNS["cuda"])
+    assert results[0][0][-1] == 0 and torch.isnan(results[1][0][-1])
+    with pytest.raises(AssertionError, match="differs from run 1"):
+        assert_repeatable("forgets the last", results)
+
+
+# ---------------------------------------------------------------------------
+# Between processes: matmul's autotuner may pick another tile configuration.
+# ---------------------------------------------------------------------------
+
+# The interpreter runs any tile shape: a few, to check the bound on the CPU too.
+CPU_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=4, num_stages=1)
+    for m, n, k in [(64, 64, 64), (32, 32, 32), (16, 64, 16), (64, 32, 128)]
+]
+
+
+def _matmul_with(config, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, device=a.device, dtype=a.dtype)
+    meta = config.kwargs
+    grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)
+    kernel[grid](
+        a, b, c, M, N, K, 0, *a.stride(), 0, *b.stride(), 0, *c.stride(),
+        ALLOW_TF32=False, UPCAST_OPERANDS=a.device.type != "cuda" and a.dtype == torch.bfloat16, **meta, **options,
+    )  # fmt: skip
+    return c
+
+
+# Two configurations sum K in different orders, in float32: the difference is a
+# few float32 roundings of the sum, far below one ulp of a half-precision output.
+CONFIG_DRIFT = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps,
+                torch.float32: TOLERANCE[torch.float32]}  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_matmul_tile_configurations_agree(device, dtype):
+    M, N, K = sized(device, (100, 70, 300), (1000, 1031, 4096))
+    a, b = randn(device, M, K, dtype=dtype), randn(device, K, N, dtype=dtype)
+    configs = matmul_module._CONFIGS if device == "cuda" else CPU_CONFIGS
+    results = {}
+    for config in configs:
+        try:
+            results[str(config)] = _matmul_with(config, a, b)
+        except triton.runtime.errors.OutOfResources:  # too much shared memory for this dtype: the autotuner skips it too
+            continue
+    assert len(results) >= 2, "fewer than two configurations ran"
+    first_name, first = next(iter(results.items()))
+    exact = a.double() @ b.double()
+    for name, c in results.items():
+        assert rel_error(c, exact) <= TOLERANCE[dtype], name
+        drift = rel_error(c, first)
+        assert drift <= CONFIG_DRIFT[dtype], f"{name} vs {first_name}: {drift:.2e} > {CONFIG_DRIFT[dtype]:.1e}"
+    assert _same_bits(tk.matmul(a, b), tk.matmul(a, b))

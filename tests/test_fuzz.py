@@ -1,0 +1,463 @@
+"""Property-based tests: random shapes, layouts, dtypes and values for every op,
+forward and backward, against float64.
+
+Hypothesis draws each example: a shape (small primes, sizes just below, at
+and above the kernels' block sizes, sometimes a zero), a dtype, a layout per
+input (contiguous, permuted, sliced with a step, at an odd storage offset,
+expanded from a size-1 dim), a scale for the values and sometimes NaN or
+infinities among them.  For softmax on the CPU it also draws the design
+constants, so that tiny rows take every design (one block, the looped
+kernel, split rows).
+
+The oracle, for each output:
+
+* shape and dtype are the input's;
+* NaN and infinities sit where PyTorch puts them for the same inputs in the
+  same dtype (only checked when the inputs hold some);
+* elsewhere, ``||tk - exact|| / ||magnitude||`` is within the dtype's tolerance
+  (``tests/reference.py``; twice that for gradients), where ``exact`` is the
+  float64 answer and ``magnitude`` the size an error in that dtype is measured
+  against: the output itself for softmax, ``|x|`` for gelu (whose negative
+  tail cancels), ``|A| @ |B|`` for matmul (a sum of products can cancel to
+  nearly nothing), and the same for gradients.  A plain relative error would
+  fail PyTorch's own kernels on such inputs.
+
+The profiles: ``tk-cpu`` (CI: a few hundred examples per op, tiny tensors,
+Triton's interpreter) and ``tk-gpu`` (more examples, realistic block
+boundaries); ``TK_FUZZ_SCALE=10`` runs ten times as many.  Both are
+derandomized and keep no example database, so a run is reproducible.  A
+failure found here becomes a fixed case in tests/test_bad_inputs.py.
+
+A new op joins with a strategy (its inputs), a check (its call, its float64
+reference and the magnitude of its outputs) and a line in ``FUZZ``.
+"""
+
+import contextlib
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import TOLERANCE
+
+import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops import matmul as matmul_module
+from ops import softmax as softmax_module
+
+tk = torch.ops.tk
+# Huge values and infinities make the interpreter's numpy warn of overflow: expected, not a problem.
+pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+
+_COMMON = dict(
+    deadline=None,
+    derandomize=True,  # the same examples on every run: CI is reproducible
+    database=None,  # and nothing is stored between runs
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("tk-cpu", max_examples=200, **_COMMON)
+settings.register_profile("tk-gpu", max_examples=500, **_COMMON)
+
+
+def profile(device: str, examples: int):
+    """The device's profile with `examples` examples (times TK_FUZZ_SCALE, for a longer hunt)."""
+    scaled = max(1, round(examples * float(os.environ.get("TK_FUZZ_SCALE", "1"))))
+    return settings(settings.get_profile("tk-gpu" if device == "cuda" else "tk-cpu"), max_examples=scaled)
+
+
+# ---------------------------------------------------------------------------
+# Inputs: values, layouts.
+# ---------------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]  # float64: matmul on the CPU only
+SPECIALS = [float("nan"), float("inf"), -float("inf")]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an input of a given shape is laid out in memory: a base tensor (the
+    autograd leaf) and a differentiable view of it with the wanted shape."""
+
+    kind: str  # contiguous, permuted, sliced, offset, expanded
+    perm: tuple = ()
+    dim: int = 0
+    step: int = 1
+    offset: int = 0
+
+    def base_shape(self, shape: tuple) -> tuple:
+        if self.kind == "permuted":
+            return tuple(shape[p] for p in self.perm)
+        if self.kind == "sliced":
+            return tuple(s * self.step + self.offset if i == self.dim else s for i, s in enumerate(shape))
+        if self.kind == "offset":
+            return (math.prod(shape) + self.offset,)
+        if self.kind == "expanded":
+            return tuple(1 if i == self.dim else s for i, s in enumerate(shape))
+        return tuple(shape)
+
+    def view(self, base: torch.Tensor, shape: tuple) -> torch.Tensor:
+        if self.kind == "permuted":
+            inverse = sorted(range(len(self.perm)), key=lambda i: self.perm[i])
+            return base.permute(inverse)
+        if self.kind == "sliced":
+            index = [slice(None)] * len(shape)
+            index[self.dim] = slice(self.offset, self.offset + shape[self.dim] * self.step, self.step)
+            return base[tuple(index)]
+        if self.kind == "offset":
+            return base[self.offset :].view(shape)
+        if self.kind == "expanded":
+            return base.expand(shape)
+        return base
+
+
+@st.composite
+def layouts(draw, shape: tuple):
+    rank = len(shape)
+    kinds = ["contiguous", "offset"] + (["permuted", "sliced", "expanded"] if rank else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "permuted":
+        return Layout(kind, perm=tuple(draw(st.permutations(range(rank)))))
+    if kind == "sliced":
+        return Layout(kind, dim=draw(st.integers(0, rank - 1)), step=draw(st.integers(2, 3)), offset=draw(st.integers(0, 1)))
+    if kind == "offset":
+        return Layout(kind, offset=draw(st.integers(1, 3)))  # misaligned: not a multiple of 16 bytes
+    if kind == "expanded":
+        return Layout(kind, dim=draw(st.integers(0, rank - 1)))
+    return Layout(kind)
+
+
+@dataclass(frozen=True)
+class Input:
+    shape: tuple
+    layout: Layout
+    seed: int
+    scale: float
+    specials: tuple = ()  # (flat index in the base, value)
+
+    def base(self, dtype: torch.dtype, device: str) -> torch.Tensor:
+        shape = self.layout.base_shape(self.shape)
+        gen = torch.Generator(device=device).manual_seed(self.seed)
+        base = (self.scale * torch.randn(shape, generator=gen, device=device)).to(dtype)
+        flat = base.view(-1)
+        for index, value in self.specials:
+            if flat.numel():
+                flat[index % flat.numel()] = value
+        return base
+
+    def view(self, base: torch.Tensor) -> torch.Tensor:
+        return self.layout.view(base, self.shape)
+
+
+@st.composite
+def inputs(draw, shape: tuple, scales=(1e-3, 1.0, 3.0, 30.0), specials=True):
+    chosen = ()
+    if specials and draw(st.sampled_from(["finite"] * 5 + ["special"])) == "special":  # one in six
+        chosen = tuple(draw(st.lists(st.tuples(st.integers(0, 1 << 30), st.sampled_from(SPECIALS)), min_size=1, max_size=3)))
+    return Input(shape, draw(layouts(shape)), draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from(scales)), chosen)
+
+
+@st.composite
+def dims(draw, pool: list[int], rank: int, budget: int) -> tuple:
+    """`rank` sizes from `pool` whose product stays within `budget`; one time in
+    twelve, one of them zero."""
+    out = []
+    for _ in range(rank):
+        d = draw(st.sampled_from([d for d in pool if d <= max(budget, 1)]))
+        out.append(d)
+        budget //= d
+    if rank and draw(st.sampled_from(["sized"] * 11 + ["empty"])) == "empty":
+        out[draw(st.integers(0, rank - 1))] = 0
+    return tuple(out)
+
+
+def _small(n: int) -> list[int]:
+    return list(range(1, n + 1))
+
+
+# Sizes: small ones, primes, and each side of the block sizes the kernels use
+# (zeros come from `dims`).
+POOLS = {
+    "cpu": [*_small(9), 11, 13, 15, 16, 17, 31, 32, 33, 37, 61, 63, 64, 65, 97, 127, 128, 129],
+    "cuda": [*_small(9), 13, 31, 127, 1021, 1023, 1024, 1025, 4093, 4095, 4096, 4097, 16383, 16384, 16385],
+}
+RANKS = [2, 1, 3, 4, 0]
+
+
+# ---------------------------------------------------------------------------
+# The oracle.
+# ---------------------------------------------------------------------------
+
+
+def _nonfinite_pattern(t: torch.Tensor):
+    return t.isnan(), t == float("inf"), t == -float("inf")
+
+
+def check_output(name: str, out, exact, magnitude, dtype, tolerance, same_dtype=None):
+    """`out` (tk) against `exact` (float64); `same_dtype` (PyTorch in `dtype`) sets
+    where NaN and infinities must be.  See the module docstring."""
+    assert isinstance(out, torch.Tensor), name
+    assert out.dtype == dtype, f"{name}: dtype {out.dtype}, expected {dtype}"
+    assert out.shape == exact.shape, f"{name}: shape {tuple(out.shape)}, expected {tuple(exact.shape)}"
+    if same_dtype is not None:
+        for got, want, what in zip(_nonfinite_pattern(out), _nonfinite_pattern(same_dtype), ("NaN", "+inf", "-inf")):
+            assert torch.equal(got, want), f"{name}: {what} at {int(got.sum())} places, PyTorch has {int(want.sum())}"
+    out64 = out.double()
+    counted = torch.isfinite(out64) & torch.isfinite(exact) & torch.isfinite(magnitude)
+    if same_dtype is None:
+        assert torch.equal(torch.isfinite(out64), torch.isfinite(exact)), f"{name}: NaN or inf where float64 has none"
+    diff = torch.where(counted, out64 - exact, 0.0).norm().item()
+    size = torch.where(counted, magnitude, 0.0).norm().item()
+    error = 0.0 if diff == 0 else (diff / size if size > 0 else math.inf)
+    assert error <= tolerance, f"{name}: error {error:.3e} > {tolerance:.1e} ({dtype})"
+
+
+def pull_back(views64, leaves64, magnitudes):
+    """Magnitudes at the views' shapes, summed onto the leaves the way gradients are
+    (an expanded input's gradient adds over the copies)."""
+    return torch.autograd.grad(views64, leaves64, magnitudes)
+
+
+def _float64_leaves(bases):
+    return [b.detach().double().requires_grad_() for b in bases]
+
+
+def run_case(op_inputs, dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnitude, grad=True):
+    """The forward and, without NaN or infinities in the inputs, the backward of one example.
+
+    tk_fn / ref_fn: the op on the views; fwd_magnitude(views64, exact) -> the
+    output's magnitude; grad_magnitude(views64, weight64, abs_views) -> each
+    input's gradient magnitude at the view's shape (abs_views: |inputs| as
+    views that autograd can differentiate through, for bilinear ops)."""
+    bases = [i.base(dtype, device) for i in op_inputs]
+    views = [i.view(b) for i, b in zip(op_inputs, bases)]
+    leaves64 = _float64_leaves(bases)
+    views64 = [i.view(b) for i, b in zip(op_inputs, leaves64)]
+    exact = ref_fn(*views64)
+    specials = any(i.specials for i in op_inputs)
+    out = tk_fn(*views)
+    same = ref_fn(*views) if specials else None
+    check_output("forward", out, exact.detach(), fwd_magnitude([v.detach() for v in views64], exact.detach()),
+                 dtype, TOLERANCE[dtype], same)  # fmt: skip
+    if not grad or specials:  # the gradients of NaN and infinities are NaN and infinities
+        return
+    leaves = [b.detach().requires_grad_() for b in bases]
+    out = tk_fn(*[i.view(b) for i, b in zip(op_inputs, leaves)])
+    gen = torch.Generator(device=device).manual_seed(op_inputs[0].seed + 1)
+    weight = torch.randn(out.shape, generator=gen, device=device).to(dtype)
+    grads = torch.autograd.grad(out, leaves, weight)
+    exact_grads = torch.autograd.grad(exact, leaves64, weight.double())
+    abs_leaves = [b.detach().abs().requires_grad_() for b in leaves64]
+    abs_views = [i.view(b) for i, b in zip(op_inputs, abs_leaves)]
+    magnitudes = grad_magnitude([v.detach() for v in views64], weight.double(), abs_views)
+    pulled = pull_back(abs_views, abs_leaves, [m.detach() for m in magnitudes])
+    for k, (g, e, m) in enumerate(zip(grads, exact_grads, pulled)):
+        check_output(f"gradient of input {k}", g, e, m, dtype, 2 * TOLERANCE[dtype])
+
+
+# ---------------------------------------------------------------------------
+# The ops: a strategy and a check each.
+# ---------------------------------------------------------------------------
+
+# gelu -----------------------------------------------------------------------
+
+GELU_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 22) - 1, 1 << 22, (1 << 22) + 1]}  # block-size switches
+
+
+@st.composite
+def gelu_cases(draw, device):
+    dtype = draw(st.sampled_from(DTYPES))
+    if draw(st.sampled_from(["short"] * 9 + ["long"])) == "long":  # one example in ten
+        shape = (draw(st.sampled_from(GELU_LONG[device])),)
+    else:
+        shape = draw(dims(POOLS[device], draw(st.sampled_from(RANKS)), 4096 if device == "cpu" else 1 << 20))
+    return dtype, draw(st.sampled_from(["none", "tanh"])), draw(inputs(shape))
+
+
+def check_gelu(case, device):
+    dtype, approximate, x = case
+    run_case(
+        [x], dtype, device,
+        tk_fn=lambda t: tk.gelu(t, approximate),
+        ref_fn=lambda t: F.gelu(t, approximate=approximate),
+        fwd_magnitude=lambda v, out: v[0].abs(),  # |gelu(x)| <= |x|; the negative tail cancels
+        grad_magnitude=lambda v, w, _: [w.abs() * (1 + v[0].abs())],
+    )  # fmt: skip
+
+
+# softmax ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoftmaxDesign:
+    """The CPU constants of ops/softmax.py, shrunk so that tiny rows take every design."""
+
+    max_block: int
+    chunk: int
+    min_segment_chunks: int
+    programs: int
+
+    @contextlib.contextmanager
+    def applied(self):
+        with (
+            mock.patch.dict(softmax_module._MAX_BLOCK, {"cpu": self.max_block}),
+            mock.patch.dict(softmax_module._CHUNK, {"cpu": self.chunk}),
+            mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", self.min_segment_chunks),
+            mock.patch.object(softmax_module, "_CPU_PROGRAMS", self.programs),
+        ):
+            yield
+
+
+SOFTMAX_COLS = {"cpu": [255, 256, 257, *POOLS["cpu"]], "cuda": [65537, 70001, *POOLS["cuda"]]}
+
+
+@st.composite
+def softmax_cases(draw, device):
+    dtype = draw(st.sampled_from(DTYPES))
+    rank = draw(st.sampled_from(RANKS))
+    if rank == 0:
+        shape, dim = (), draw(st.sampled_from([0, -1]))
+    else:
+        n_cols = draw(st.sampled_from(SOFTMAX_COLS[device]))
+        # The interpreter pays per program and per chunk: few rows when they are long.
+        budget = max(1, (256 if device == "cpu" else 1 << 22) // max(n_cols, 16))
+        others = draw(dims(POOLS[device], rank - 1, min(budget, 64 if device == "cpu" else budget)))
+        position = draw(st.integers(0, rank - 1))
+        shape = others[:position] + (n_cols,) + others[position:]
+        dim = position - rank if draw(st.booleans()) else position
+    design = None
+    if device == "cpu":
+        design = SoftmaxDesign(
+            max_block=draw(st.sampled_from([16, 16, 64, 1 << 16])),
+            chunk=draw(st.sampled_from([16, 32])),
+            min_segment_chunks=draw(st.sampled_from([1, 2])),
+            programs=draw(st.sampled_from([1, 8, 21])),
+        )
+    return dtype, dim, design, draw(inputs(shape))
+
+
+def check_softmax(case, device):
+    dtype, dim, design, x = case
+
+    def grad_magnitude(v, w, _):
+        y = torch.softmax(v[0], dim)
+        dot = (w * y).sum(dim, keepdim=True) if y.dim() else w * y
+        return [y * (w.abs() + dot.abs())]
+
+    with design.applied() if design else contextlib.nullcontext():
+        run_case(
+            [x], dtype, device,
+            tk_fn=lambda t: tk.softmax(t, dim),
+            ref_fn=lambda t: torch.softmax(t, dim),
+            fwd_magnitude=lambda v, out: out.abs(),
+            grad_magnitude=grad_magnitude,
+        )  # fmt: skip
+
+
+# matmul -----------------------------------------------------------------------
+
+MATMUL_SIZES = [1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129]  # CPU: the interpreter's tile is 64
+# On the GPU every new (M, N, K) costs an autotuning sweep: a few of them, each side of the tiles.
+MATMUL_CUDA_MNK = [(1, 1, 1), (17, 129, 64), (128, 128, 128), (129, 127, 255), (1000, 1031, 64), (64, 1000, 1031),
+                   (255, 17, 1000), (1031, 1, 129), (256, 256, 17), (1, 1031, 1000)]  # fmt: skip
+
+
+@st.composite
+def matmul_cases(draw, device):
+    dtype = draw(st.sampled_from([d for d in DTYPES if device == "cpu" or d != torch.float64]))
+    if device == "cuda":
+        M, N, K = draw(st.sampled_from(MATMUL_CUDA_MNK))
+    else:
+        M, N, K = (draw(st.sampled_from(MATMUL_SIZES)) for _ in range(3))
+    mode = draw(st.sampled_from(["2d", "3d@3d", "3d@2d", "2d@3d"]))
+    batch = draw(st.sampled_from([1, 2] if device == "cpu" else [1, 2, 5]))
+    if device == "cpu":  # the interpreter runs one Python loop step per 64x64x64 tile: a few tens of ms
+        while math.ceil(M / 64) * math.ceil(N / 64) * math.ceil(K / 64) * (batch if mode != "2d" else 1) > 4:
+            M, N, K = sorted((M, N, K))[:2] + [1]
+    # The backward is two more matmuls of the same kernel: on the CPU, one example in three.
+    grad = device == "cuda" or draw(st.sampled_from([True, False, False]))
+    shape_a = (batch, M, K) if mode in ("3d@3d", "3d@2d") else (M, K)
+    shape_b = (batch, K, N) if mode in ("3d@3d", "2d@3d") else (K, N)
+    scales = (1e-2, 1.0, 3.0)  # float16: |A| @ |B| stays far from 65504
+    return dtype, draw(inputs(shape_a, scales)), draw(inputs(shape_b, scales)), grad
+
+
+def few_tile_configs():
+    """On the GPU: the autotuner tries its largest and its smallest tile only.  Each
+    new (M, N, K) and dtype compiles and times every configuration; all of them
+    are checked against each other in tests/test_determinism.py."""
+    autotuned = matmul_module.matmul_kernel_autotuned
+    return mock.patch.object(autotuned, "configs", [matmul_module._CONFIGS[0], matmul_module._CONFIGS[-1]])
+
+
+def check_matmul(case, device):
+    dtype, a, b, grad = case
+
+    def grad_magnitude(v, w, abs_views):
+        out = torch.matmul(*abs_views)
+        return list(torch.autograd.grad(out, abs_views, w.abs(), retain_graph=True))
+
+    with few_tile_configs() if device == "cuda" else contextlib.nullcontext():
+        run_case(
+            [a, b], dtype, device,
+            tk_fn=tk.matmul,
+            ref_fn=torch.matmul,
+            fwd_magnitude=lambda v, out: v[0].abs() @ v[1].abs(),  # a sum of products may cancel
+            grad_magnitude=grad_magnitude,
+            grad=grad,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# The table, and the tests it makes.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fuzz:
+    strategy: Callable  # device -> a strategy of cases
+    check: Callable  # (case, device) -> None, raising AssertionError
+    examples: dict  # per device
+
+
+FUZZ = {
+    # On the GPU most of the time goes to Triton compiling each new specialization.
+    "gelu": Fuzz(gelu_cases, check_gelu, {"cpu": 300, "cuda": 500}),
+    "softmax": Fuzz(softmax_cases, check_softmax, {"cpu": 200, "cuda": 300}),
+    "matmul": Fuzz(matmul_cases, check_matmul, {"cpu": 200, "cuda": 100}),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("op", sorted(FUZZ))
+def test_random_inputs_match_float64(op, device):
+    fuzz = FUZZ[op]
+
+    @profile(device, fuzz.examples[device])
+    @given(case=fuzz.strategy(device))
+    def run(case):
+        fuzz.check(case, device)
+
+    run()
+
+
+def test_the_oracle_catches_a_wrong_kernel(monkeypatch):
+    """The checks above can fail: a gelu that is off by one part in 10**4 in float32
+    (within float16's rounding, far outside float32's) is caught."""
+    real = torch.ops.tk.gelu
+
+    class Wrong:
+        @staticmethod
+        def gelu(x, approximate="none"):
+            return real(x, approximate) * (1 + 1e-4)
+
+    monkeypatch.setitem(globals(), "tk", Wrong)
+    x = Input((1000,), Layout("contiguous"), seed=1, scale=3.0)
+    with pytest.raises(AssertionError, match="forward: error"):
+        check_gelu((torch.float32, "tanh", x), "cpu")
+    check_gelu((torch.float16, "tanh", x), "cpu")  # within float16's tolerance: passes
