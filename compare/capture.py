@@ -25,6 +25,7 @@ Layout, under the op's report folder::
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import json
 import logging
@@ -304,20 +305,29 @@ def inductor_compiled(module_path: str | None, kernel: Kernel):
 
 
 def handwritten_kernels(spec) -> list:
-    """Every @triton.jit function defined in the module of ``spec.tk`` (autotuners unwrapped)."""
+    """The kernels defined in the module of ``spec.tk`` (or the spec's
+    ``kernel_modules``): its public ``@triton.jit`` functions, autotuners
+    unwrapped.  Private ones (``_name``) are device helpers the kernels call."""
+    if spec.kernel_modules:
+        return [k for name in spec.kernel_modules for k in _module_kernels(importlib.import_module(name))]
+    module = inspect.getmodule(spec.tk) or sys.modules.get(getattr(spec.tk, "__module__", ""), None)
+    return [] if module is None else _module_kernels(module)
+
+
+def _module_kernels(module) -> list:
     from triton.runtime.jit import JITFunction
 
-    module = inspect.getmodule(spec.tk) or sys.modules.get(getattr(spec.tk, "__module__", ""), None)
-    if module is None:
-        return []
     found = {}
     for value in vars(module).values():
         fn = value
         for _ in range(4):  # Autotuner / Heuristics keep what they wrap in .fn
             if isinstance(fn, JITFunction):
                 break
-            fn = getattr(fn, "fn", None)
-        if isinstance(fn, JITFunction) and getattr(fn.fn, "__module__", None) == module.__name__:
+            try:
+                fn = getattr(fn, "fn", None)
+            except Exception:  # noqa: BLE001 - e.g. torch.classes raises on unknown attributes
+                break
+        if isinstance(fn, JITFunction) and getattr(fn.fn, "__module__", None) == module.__name__ and not fn.__name__.startswith("_"):
             found.setdefault(id(fn), fn)
     return sorted(found.values(), key=lambda f: f.fn.__code__.co_firstlineno)
 

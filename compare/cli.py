@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +17,13 @@ from . import environment, layout, limits as limits_mod, report, runner, schema,
 from .progress import Progress
 from .variants import all_variants, select
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "uint8": torch.uint8,  # images (rgb_to_grayscale)
+}
 ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64", "double": "float64"}
 
 # Per variant and round: do_bench's rep (CUDA) or the wall-clock budget (CPU), in ms.
@@ -26,6 +35,14 @@ class UsageError(Exception):
     pass
 
 
+class ReportNotWritten(Exception):
+    """The sweep ran but its report could not be written (a full disk, a read-only folder)."""
+
+    def __init__(self, doc: dict, folder: Path, error: OSError):
+        super().__init__(f"the report of {doc['op']} could not be written to {folder}: {error}")
+        self.doc, self.folder, self.error = doc, folder, error
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m compare",
@@ -33,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--op", default="gelu", help="op name, comma-separated names, or 'all' (default: gelu)")
     p.add_argument("--dtypes", "--dtype", default=None,
-                   help="comma-separated dtypes (float32, float16, bfloat16, float64); default: the spec's dtypes on a GPU, float32 on CPU")  # fmt: skip
+                   help="comma-separated dtypes (float32, float16, bfloat16, float64, uint8 where the op takes it); default: the spec's dtypes on a GPU, float32 on CPU")  # fmt: skip
     p.add_argument("--shapes", "--sizes", default=None,
                    help="comma-separated shapes, dims joined by 'x' (gelu: 1024,1048576; softmax: 4096x1024); default: the spec's sweep for the device")  # fmt: skip
     p.add_argument("--variants", default=None,
@@ -104,19 +121,24 @@ def default_dtypes(spec, device: torch.device) -> list:
 def make_plans(args, device: torch.device) -> list[Plan]:
     import ops
 
+    from .models import model_specs
+
+    models = model_specs()  # examples/: models compared as a whole, run by name ("all" is every op)
+    specs = {**ops.SPECS, **models}
+    known = f"known ops: {', '.join(sorted(ops.SPECS))}; models: {', '.join(sorted(models)) or 'none'}; or all"
     names = sorted(ops.SPECS) if args.op == "all" else _split(args.op)
     if not names:
-        raise UsageError(f"no op given; known ops: {', '.join(sorted(ops.SPECS))}, or all")
+        raise UsageError(f"no op given; {known}")
     for name in names:
-        if name not in ops.SPECS:
-            raise UsageError(f"unknown op {name!r}; known ops: {', '.join(sorted(ops.SPECS))}, or all")
+        if name not in specs:
+            raise UsageError(f"unknown op {name!r}; {known}")
     if args.shapes and len(names) > 1:
         raise UsageError("--shapes needs a single op (shapes differ between ops)")
     wanted = _split(args.variants) if args.variants else None
     max_autotune = args.max_autotune or any("max-autotune" in w for w in wanted or [])
     plans = []
     for name in names:
-        spec = ops.SPECS[name]
+        spec = specs[name]
         dtypes = parse_dtypes(args.dtypes, spec) if args.dtypes else default_dtypes(spec, device)
         if args.shapes:
             shapes = parse_shapes(args.shapes, spec)
@@ -182,8 +204,15 @@ def run_op(plan: Plan, run_dir: Path, settings: runner.Settings, env: dict, lim:
 
     def partial(found):
         doc["records"].extend(found)
-        report.write_json(doc, op_dir)  # the data so far survives a crash
+        try:
+            report.write_json(doc, op_dir)  # the data so far survives a crash
+        except OSError as e:  # a full disk must not stop the sweep; the final write reports it
+            note = f"partial results not saved: {e}"
+            if note not in doc.setdefault("notes", []):
+                doc["notes"].append(note)
+                progress.message(f"warning: {note}")
 
+    write_error = None
     try:
         runner.sweep(plan.spec, plan.variants, plan.dtypes, plan.shapes, settings, lim, progress, on_records=partial)
         doc["complete"] = True
@@ -196,7 +225,12 @@ def run_op(plan: Plan, run_dir: Path, settings: runner.Settings, env: dict, lim:
             except Exception as e:  # noqa: BLE001 - the comparison stands without the capture
                 doc.setdefault("notes", []).append(f"capture index not written: {type(e).__name__}: {e}")
         progress.close()
-        report.write_all(doc, op_dir)
+        try:
+            report.write_all(doc, op_dir)
+        except OSError as e:  # raised below, not here: an interrupt on its way out goes on
+            write_error = e
+    if write_error is not None:
+        raise ReportNotWritten(doc, op_dir, write_error)
     return doc
 
 
@@ -216,7 +250,30 @@ def _capture_for(plan: Plan, op_dir: Path, settings: runner.Settings, args):
     return Capture(op_dir, plan.spec, settings.device)
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a job's time limit, ``kill``) stops a run the way Ctrl-C does:
+    the partial report is written and the links are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
+    with _sigterm_as_interrupt():
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -235,27 +292,54 @@ def main(argv=None) -> int:
     settings = runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph)
     progress = Progress(enabled=not args.quiet)
     root = Path(args.out)
-    run_dir = layout.new_run_dir(root)
+    try:
+        run_dir = layout.new_run_dir(root)
+    except OSError as e:  # read-only, full, or not a folder: nothing has run yet
+        progress.message(f"error: cannot create a run folder under {root}/: {e}")
+        return 1
     progress.message(f"run folder: {run_dir}")
 
     env = environment.describe(device)
     all_dtypes = list(dict.fromkeys(d for plan in plans for d in plan.dtypes))
+    unwritten = []  # ops whose report or link could not be written
     try:
         lim = limits_mod.measure(device, all_dtypes, rep_ms, progress)
         for plan in plans:
-            doc = run_op(plan, run_dir, settings, env, lim, args, progress)
+            try:
+                doc = run_op(plan, run_dir, settings, env, lim, args, progress)
+            except ReportNotWritten as e:  # the results are only on the terminal now; the next op may still fit
+                if not args.quiet:
+                    progress.message("\n" + report.terminal_tables(e.doc) + "\n")
+                progress.message(f"error: {e}; {root / plan.spec.name} still names the previous report")
+                unwritten.append(plan.spec.name)
+                continue
             if not args.quiet:
                 progress.message("\n" + report.terminal_tables(doc) + "\n")
             op_dir = run_dir / plan.spec.name
-            if not layout.repoint(root / plan.spec.name, op_dir):
-                progress.message(f"note: {root / plan.spec.name} is not a link; left as it is")
+            if not _repoint(root / plan.spec.name, op_dir, progress):
+                unwritten.append(plan.spec.name)
+                continue
             progress.message(f"{plan.spec.name}: report in {root / plan.spec.name}/ (= {op_dir})")
     except KeyboardInterrupt:
         progress.close()
         progress.message(f"interrupted: partial report in {run_dir}; {root}/latest and the op links are unchanged")
         return 130
-    layout.repoint(root / "latest", run_dir)
-    return 0
+    if unwritten:  # latest names complete runs only
+        progress.message(f"error: not written: {', '.join(unwritten)}; {root}/latest is unchanged")
+        return 1
+    return 0 if _repoint(root / "latest", run_dir, progress) else 1
+
+
+def _repoint(link: Path, target: Path, progress: Progress) -> bool:
+    """Point ``link`` at ``target``; a clear message, and False, when it cannot be done."""
+    try:
+        if layout.repoint(link, target):
+            return True
+        progress.message(f"note: {link} is not a link; left as it is")
+        return True  # the report is written; the user keeps their own folder there
+    except OSError as e:
+        progress.message(f"error: cannot point {link} at {target}: {e}; it still names the previous report")
+        return False
 
 
 if __name__ == "__main__":

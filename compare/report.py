@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import schema
+from . import breakdown, schema
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
 
@@ -148,8 +148,12 @@ def _clean(value):
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(doc: dict, folder: Path) -> Path:
@@ -240,6 +244,7 @@ def markdown(doc: dict, png_name: str | None) -> str:
             out += ["", f"SM clock after timing: {', '.join(f'{c:.0f}' for c in sorted(clocks))} MHz"]
         out.append("")
     out += [legend(doc), ""]
+    out += breakdown.markdown_section(doc)  # many-kernel calls (a model's step): each variant's top kernels
     problems = [r for r in doc["records"] if r["status"] in ("failed", "wrong")]
     if problems:
         out += ["## Failures and wrong results", ""]

@@ -12,6 +12,8 @@ Kinds, in the order they appear in reports:
                      default mode;
 * ``max-autotune``   the same with ``mode="max-autotune-no-cudagraphs"`` (opt-in);
 * ``tk``             the hand-written Triton op;
+* ``compile-tk``     ``torch.compile`` of ``spec.tk``, where the spec asks for it
+                     (a model built from tk ops: what Inductor adds around them);
 * ``peer``           another library's op, when it imports (``spec.peers``).
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("eager", "unfused", "compile", "max-autotune", "tk", "peer")
+KINDS = ("eager", "unfused", "compile", "max-autotune", "tk", "compile-tk", "peer")
 
 
 class VariantSkipped(Exception):
@@ -43,7 +45,7 @@ class Variant:
 
     def interpreted(self, device: torch.device) -> bool:
         """tk on a CPU runs in Triton's interpreter: its time is no performance figure."""
-        return self.kind == "tk" and device.type != "cuda"
+        return self.kind in ("tk", "compile-tk") and device.type != "cuda"
 
     def build(self, device: torch.device) -> Callable:
         """The callable to time.  Compiled variants get a fresh ``torch.compile``
@@ -82,6 +84,8 @@ def all_variants(spec, max_autotune: bool = False) -> list[Variant]:
             name = prefix if eager_name == "eager" else _compiled_name(prefix, eager_name)
             out.append(Variant(name, kind, fn, compile_mode=mode))
     out.append(Variant("tk", "tk", spec.tk))
+    if spec.compile_tk:
+        out.append(Variant("compile-tk", "compile-tk", spec.tk, compile_mode="default"))
     out += [Variant(name, "peer", None, peer_loader=loader) for name, loader in spec.peers.items()]
     return out
 
