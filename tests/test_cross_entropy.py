@@ -213,7 +213,13 @@ def test_numerically_stable(device, n_cols):
         out = torch.ops.tk.cross_entropy(x, target, reduction="none", label_smoothing=smoothing)
         ref = reference(x, target, reduction="none", label_smoothing=smoothing)
         rows = [0, 1, 2, 3, 4, 5, 6] if smoothing == 0 else [0, 1, 2, 4, 5, 6]  # row 3's sum overflows float32
-        torch.testing.assert_close(out[rows], ref[rows].float(), equal_nan=True)
+        # A sum over 70001 columns in float32 rounds: allow twice PyTorch's own
+        # float32 error on these rows (and no less than assert_close's default).
+        ours = F.cross_entropy(x, target, reduction="none", label_smoothing=smoothing)[rows].double()
+        finite = ref[rows].isfinite() & ours.isfinite()
+        torch_rtol = ((ours - ref[rows]).abs() / ref[rows].abs().clamp_min(1e-30))[finite].max().item()
+        rtol = max(1.3e-6, 2 * torch_rtol)
+        torch.testing.assert_close(out[rows], ref[rows].float(), equal_nan=True, rtol=rtol, atol=1e-5)
         assert out[4].isnan() and out[6] == float("inf")
     big = (torch.randn(3, n_cols, device=device) * 1e4).to(torch.bfloat16)
     target = torch.randint(0, n_cols, (3,), device=device)
