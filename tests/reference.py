@@ -42,3 +42,15 @@ def strided_versions(x: torch.Tensor):
     big = torch.empty(*x.shape[:-1], 2 * x.shape[-1] + 1, dtype=x.dtype, device=x.device)
     big[..., 1::2] = x
     yield "every-other-column", big[..., 1::2]
+
+
+def error_cases(cases):
+    """Parametrize a test over (name, call, error type, message pattern) rows."""
+    return pytest.mark.parametrize("case", cases, ids=[c[0] for c in cases])
+
+
+def assert_raises_clearly(case):
+    """The call raises the row's error type, with a message matching its pattern."""
+    _, call, error, message = case
+    with pytest.raises(error, match=message):
+        call()

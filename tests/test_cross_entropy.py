@@ -7,7 +7,17 @@ sizes) and on CUDA (compiled kernels, vocabulary-sized rows; marked `gpu`).
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_error, strided_versions
+from reference import (
+    DEVICES,
+    DTYPES,
+    TOLERANCE,
+    assert_close,
+    assert_raises_clearly,
+    error_cases,
+    leaf64,
+    rel_error,
+    strided_versions,
+)
 
 import ops
 
@@ -415,11 +425,9 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+@error_cases(ERROR_CASES)
 def test_bad_input_raises_a_clear_error(case):
-    _, call, error, message = case
-    with pytest.raises(error, match=message):
-        call()
+    assert_raises_clearly(case)
 
 
 @pytest.mark.gpu

@@ -13,7 +13,16 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
+from reference import (
+    DEVICES,
+    DTYPES,
+    assert_close,
+    assert_raises_clearly,
+    error_cases,
+    leaf64,
+    rel_error,
+    strided_versions,
+)
 
 import ops
 from ops.copy_op import INTEGER_DTYPES, elementwise_config, elementwise_grid
@@ -597,11 +606,9 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+@error_cases(ERROR_CASES)
 def test_bad_input_raises_a_clear_error(case):
-    _, call, error, message = case
-    with pytest.raises(error, match=message):
-        call()
+    assert_raises_clearly(case)
 
 
 @pytest.mark.gpu

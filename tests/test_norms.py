@@ -8,7 +8,16 @@ sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
+from reference import (
+    DEVICES,
+    DTYPES,
+    assert_close,
+    assert_raises_clearly,
+    error_cases,
+    leaf64,
+    rel_error,
+    strided_versions,
+)
 
 import ops
 from ops import layer_norm as norm_ops  # the module with the design constants both ops share
@@ -489,11 +498,9 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+@error_cases(ERROR_CASES)
 def test_bad_input_raises_a_clear_error(case):
-    _, call, error, message = case
-    with pytest.raises(error, match=message):
-        call()
+    assert_raises_clearly(case)
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, assert_close, leaf64
+from reference import DEVICES, assert_close, assert_raises_clearly, error_cases, leaf64
 
 import ops
 
@@ -90,11 +90,9 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+@error_cases(ERROR_CASES)
 def test_bad_input_raises_a_clear_error(case):
-    _, call, error, message = case
-    with pytest.raises(error, match=message):
-        call()
+    assert_raises_clearly(case)
 
 
 @pytest.mark.gpu
