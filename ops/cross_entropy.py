@@ -110,14 +110,16 @@ def cross_entropy_forward_kernel(
     run_max = tl.max(x, axis=0)
     run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)), axis=0)
     if SMOOTHING:
-        # sum(x - anchor), for the smoothing term's mean logit (masked lanes add 0,
-        # not -inf).  Summing x itself cancels: logits of -1e4 +- 3 over 70001
-        # columns lost 1e-5 of the loss in float32.  The anchor is the first
-        # chunk's mean finite logit (not its max: one logit of 1e38 would push
-        # every x - max to -1e38 and their sum past float32's range).
+        # mean(x) - anchor, for the smoothing term's mean logit, as a running
+        # sum of (x - anchor) / n (masked lanes add 0, not -inf).  Summing x
+        # itself cancels: logits of -1e4 +- 3 over 70001 columns lost 1e-5 of
+        # the loss in float32.  The anchor is the first chunk's mean finite
+        # logit, and each term is divided by n before it is added, so the sum
+        # stays within the range of the logits (one logit of 1e38 among 70001
+        # pushed a plain sum of x - anchor past float32's range).
         finite = (cols < end) & (x == x) & (tl.abs(x) < float("inf"))
         anchor = tl.sum(tl.where(finite, x, 0.0), axis=0) / tl.maximum(tl.sum(finite.to(x.dtype), axis=0), 1.0)
-        run_total = tl.sum(tl.where(cols < end, x - anchor, 0.0), axis=0)
+        run_mean = tl.sum(tl.where(cols < end, (x - anchor) / n_cols, 0.0), axis=0)
     for chunk in range(BLOCK_SIZE, end, BLOCK_SIZE):
         cols = chunk + tl.arange(0, BLOCK_SIZE)
         x = _load_logits(row_ptr, cols, end)
@@ -127,7 +129,7 @@ def cross_entropy_forward_kernel(
         run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
         run_max = new_max
         if SMOOTHING:
-            run_total += tl.sum(tl.where(cols < end, x - anchor, 0.0), axis=0)
+            run_mean += tl.sum(tl.where(cols < end, (x - anchor) / n_cols, 0.0), axis=0)
     # An ignored row summed nothing: log(1) instead of log(0), its lse is unused.
     log_sum = tl.log(tl.where(ignored, 1.0, run_sum))
     lse = run_max + log_sum
@@ -139,7 +141,7 @@ def cross_entropy_forward_kernel(
     loss = (run_max - x_target) + log_sum
     if SMOOTHING:  # resolved at compile time: with s = 0 a -inf logit must not turn 0 * -inf into NaN
         smoothing = tl.cast(label_smoothing, lse.dtype)
-        loss = (1.0 - smoothing) * loss + smoothing * (((run_max - anchor) - run_total / n_cols) + log_sum)
+        loss = (1.0 - smoothing) * loss + smoothing * (((run_max - anchor) - run_mean) + log_sum)
     loss = tl.where(in_range, loss, float("nan"))  # an out-of-range target: NaN, see the module docstring
     tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss).to(loss_ptr.dtype.element_ty))
     tl.store(lse_ptr + row, tl.where(ignored, 0.0, lse))  # 0 keeps exp(x - lse) finite in the backward

@@ -512,3 +512,12 @@ def test_spec():
         logits, target = spec.make_inputs((n_rows, n_cols), dtype, torch.device("cpu"))
         assert logits.dtype == dtype and target.dtype == torch.int64 and 0 <= target.min() <= target.max() < n_cols
         assert_close(spec.tk(logits, target), spec.reference(logits.double(), target), dtype)
+
+
+def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
+    """The CUDA chunk (4096 columns) on CPU: with one logit of 1e38 among 70001,
+    the smoothing term's sum overflowed float32 there and the loss was inf."""
+    from ops import cross_entropy as module
+
+    monkeypatch.setitem(module._MAX_CHUNK, "cpu", module._MAX_CHUNK["cuda"])
+    test_numerically_stable("cpu", 70_001)
