@@ -436,7 +436,11 @@ FUZZ = {
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("op", sorted(FUZZ))
 def test_random_inputs_match_float64(op, device):
-    fuzz = FUZZ[op]
+    run_fuzz(FUZZ[op], device)
+
+
+def run_fuzz(fuzz: Fuzz, device: str) -> None:
+    """Draw the fuzz's cases for `device` under its profile and check each one."""
 
     @profile(device, fuzz.examples[device])
     @given(case=fuzz.strategy(device))
