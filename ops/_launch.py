@@ -136,7 +136,7 @@ class FastKernel:
         self.binaries[key] = (compiled, tuple(named[name] for name in rest), config)
 
 
-_fast: dict[int, "FastKernel"] = {}
+_fast: dict[int, object] = {}  # id(kernel) -> its FastKernel, or the kernel itself
 
 
 def fast_kernel(kernel):
@@ -144,14 +144,11 @@ def fast_kernel(kernel):
 
     It applies to plain ``@triton.jit`` kernels and ``triton.autotune`` over one;
     other wrappers (``triton.heuristics``) compute arguments per call and keep
-    Triton's path.
+    Triton's path.  Called on every eager launch: the answer is cached.
     """
-    if knobs is None:
-        return kernel
-    inner = kernel.fn if isinstance(kernel, Autotuner) else kernel
-    if not isinstance(inner, JITFunction):
-        return kernel
     found = _fast.get(id(kernel))
     if found is None:
-        found = _fast[id(kernel)] = FastKernel(kernel)
+        inner = kernel.fn if knobs is not None and isinstance(kernel, Autotuner) else kernel
+        applies = knobs is not None and isinstance(inner, JITFunction)
+        found = _fast[id(kernel)] = FastKernel(kernel) if applies else kernel
     return found

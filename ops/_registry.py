@@ -69,8 +69,9 @@ def launcher(kernel, like: torch.Tensor):
     """What to index with a grid to launch ``kernel`` on ``like``'s device.
 
     CUDA: ``wrap_triton(kernel)``, which Inductor can trace, or, inside an
-    eager shortcut, the kernel launched directly (see ``_launch.py``).  CPU: the same kernel run by Triton's
-    interpreter.  Fake or meta tensors: nothing runs.
+    eager shortcut, the kernel launched directly (see ``_launch.py``).
+    CPU: the same kernel run by Triton's interpreter.  Fake or meta tensors:
+    nothing runs.
     """
     if like.device.type == "cuda":
         return fast_kernel(kernel) if getattr(_direct, "on", False) else wrap_triton(kernel)

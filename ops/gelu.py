@@ -9,14 +9,21 @@ element, so the kernel is bound by memory bandwidth; the math is done in
 float32 whatever the storage dtype.
 """
 
-import math
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, is_dense, launcher, on_cuda, register_op, register_spec
+from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
+    ELEMENTWISE_SHAPES,
+    ROUNDING_TOLERANCE,
+    describe_numel,
+    elementwise_config,
+    elementwise_grid,
+    walk_in_one_order,
+)
 
 SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -68,42 +75,22 @@ def gelu_backward_kernel(
     tl.store(dx_ptr + offsets, (grad * dy_dx).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_config(n: int, device: torch.device) -> tuple[int, int]:
-    """(BLOCK_SIZE, num_warps) for n elements.
-
-    GPU: 4096 elements for 256 threads is 16 per thread, enough independent
-    loads in flight to hide memory latency; small tensors get a smaller block
-    so that they still spread over many SMs.  Interpreter: one big block, since
-    every program costs Python overhead there.
-    """
-    if device.type != "cuda":
-        return min(triton.next_power_of_2(max(n, 1)), 1 << 16), 1
-    if n >= 1 << 22:
-        return 4096, 8
-    return 1024, 4
-
-
 def _check_approximate(approximate: str) -> bool:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"tk.gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return approximate == "tanh"
 
 
-def _elementwise_grid(n: int, block: int) -> tuple[int]:
-    return ((n + block - 1) // block,)
-
-
 def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     check_tensor("gelu", "x", x)
     tanh = _check_approximate(approximate)
-    if not is_dense(x):
-        x = x.contiguous()  # a dense tensor of any layout is one flat span; others are copied once
+    (x,) = walk_in_one_order(x)  # a dense tensor of any layout is one flat span; others are copied once
     y = torch.empty_like(x)  # same strides as x, so both are walked in the same flat order
     n = x.numel()
     if n == 0:
         return y
-    block, warps = _launch_config(n, x.device)
-    launcher(gelu_forward_kernel, x)[_elementwise_grid(n, block)](
+    block, warps = elementwise_config(n, x.device)
+    launcher(gelu_forward_kernel, x)[elementwise_grid(n, block)](
         x, y, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
     )
     return y
@@ -116,14 +103,13 @@ def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none
     if grad.shape != x.shape:
         raise ValueError(f"tk.gelu_backward: grad has shape {tuple(grad.shape)} but x has {tuple(x.shape)}")
     tanh = _check_approximate(approximate)
-    if not (is_dense(x) and grad.stride() == x.stride()):
-        grad, x = grad.contiguous(), x.contiguous()
+    x, grad = walk_in_one_order(x, grad)
     dx = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return dx
-    block, warps = _launch_config(n, x.device)
-    launcher(gelu_backward_kernel, x)[_elementwise_grid(n, block)](
+    block, warps = elementwise_config(n, x.device)
+    launcher(gelu_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
     )
     return dx
@@ -167,12 +153,6 @@ def _bytes(shape, dtype):
     return 2 * n * torch.empty((), dtype=dtype).element_size()  # read x, write y
 
 
-_SHAPES = {
-    "cuda": [(1 << k,) for k in (12, 16, 20, 22, 24, 26, 28)],
-    "cpu": [(1000,), (65_537,), (1 << 20,)],
-}
-_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
-
 register_spec(
     OpSpec(
         name="gelu",
@@ -182,9 +162,9 @@ register_spec(
         make_inputs=_make_inputs,
         bytes_moved=_bytes,
         flops=lambda shape, dtype: 10 * shape[0],
-        tolerance=_TOLERANCE,
-        shapes=_SHAPES,
-        describe=lambda shape: f"n=2^{math.log2(shape[0]):.0f}" if shape[0] & (shape[0] - 1) == 0 else f"n={shape[0]}",
+        tolerance=ROUNDING_TOLERANCE,
+        shapes=ELEMENTWISE_SHAPES,
+        describe=describe_numel,
     )
 )
 
@@ -196,8 +176,8 @@ register_spec(
         make_inputs=_make_inputs,
         bytes_moved=_bytes,
         flops=lambda shape, dtype: 8 * shape[0],
-        tolerance=_TOLERANCE,
-        shapes=_SHAPES,
-        describe=lambda shape: f"n=2^{math.log2(shape[0]):.0f}" if shape[0] & (shape[0] - 1) == 0 else f"n={shape[0]}",
+        tolerance=ROUNDING_TOLERANCE,
+        shapes=ELEMENTWISE_SHAPES,
+        describe=describe_numel,
     )
 )
