@@ -181,3 +181,31 @@ register_spec(
         describe=describe_numel,
     )
 )
+
+
+def _make_backward_inputs(shape, dtype, device):
+    (n,) = shape
+    return torch.randn(n, dtype=dtype, device=device), torch.randn(n, dtype=dtype, device=device)  # grad, x
+
+
+def _backward_bytes(shape, dtype):
+    (n,) = shape
+    return 3 * n * torch.empty((), dtype=dtype).element_size()  # read grad and x, write dx
+
+
+# The backward kernels on their own: tk.gelu_backward against aten's, which is
+# what eager autograd runs and what Inductor fuses under torch.compile.
+for _approximate, _name, _flops in (("tanh", "gelu_backward", 16), ("none", "gelu_erf_backward", 12)):
+    register_spec(
+        OpSpec(
+            name=_name,
+            tk=lambda grad, x, a=_approximate: torch.ops.tk.gelu_backward(grad, x, a),
+            reference=lambda grad, x, a=_approximate: torch.ops.aten.gelu_backward(grad, x, approximate=a),
+            make_inputs=_make_backward_inputs,
+            bytes_moved=_backward_bytes,
+            flops=lambda shape, dtype, f=_flops: f * shape[0],
+            tolerance=ROUNDING_TOLERANCE,
+            shapes=ELEMENTWISE_SHAPES,
+            describe=describe_numel,
+        )
+    )

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import SPECS, OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 
 # --------------------------------------------------------------------------
@@ -468,5 +468,38 @@ register_spec(
             "cpu": [(64, 1000), (4, 70_001)],
         },
         peers={"liger": _liger_softmax},
+    )
+)
+
+
+def _liger_softmax_backward():
+    from liger_kernel.ops.softmax import _softmax_backward  # optional peer
+    from liger_kernel.ops.utils import calculate_settings
+
+    def run(grad, y):
+        block, warps = calculate_settings(y.shape[-1])  # raises past 65536 columns
+        return _softmax_backward(grad, y, block, warps, False)
+
+    return run
+
+
+def _make_backward_inputs(shape, dtype, device):
+    grad = torch.randn(shape, dtype=dtype, device=device)
+    return grad, torch.softmax(torch.randn(shape, dtype=torch.float32, device=device), dim=-1).to(dtype)
+
+
+# The backward kernel on its own: dx = y * (grad - sum(grad * y)) along the row,
+# against aten's, which is what eager autograd runs and Inductor fuses.
+register_spec(
+    OpSpec(
+        name="softmax_backward",
+        tk=lambda grad, y: torch.ops.tk.softmax_backward(grad, y, -1),
+        reference=lambda grad, y: torch.ops.aten._softmax_backward_data(grad, y, -1, y.dtype),
+        make_inputs=_make_backward_inputs,
+        bytes_moved=lambda shape, dtype: 3 * _prod(shape) * torch.empty((), dtype=dtype).element_size(),
+        flops=lambda shape, dtype: 4 * _prod(shape),  # multiply, sum, subtract, multiply
+        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7},
+        shapes=SPECS["softmax"].shapes,
+        peers={"liger": _liger_softmax_backward},
     )
 )
