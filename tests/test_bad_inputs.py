@@ -385,6 +385,28 @@ def test_an_op_on_the_second_gpu(two_gpus):
     assert_close(tk.gelu(x), F.gelu(x.double()), torch.float32)
     assert_close(tk.softmax(x, 0), torch.softmax(x.double(), 0), torch.float32)
     assert_close(tk.matmul(x[:, :512], x[:512]), x[:, :512].double() @ x[:512].double(), torch.float32)
+    w, b = torch.randn(1001, device="cuda:1"), torch.randn(1001, device="cuda:1")
+    x64, w64, b64 = x.double(), w.double(), b.double()
+    assert_close(tk.rms_norm(x, w, 1e-6), F.rms_norm(x64, (1001,), w64, 1e-6), torch.float32)
+    assert_close(tk.layer_norm(x, [1001], w, b, 1e-5), F.layer_norm(x64, (1001,), w64, b64, 1e-5), torch.float32)
+    assert_close(tk.swiglu(x, x.flip(0)), F.silu(x64) * x64.flip(0), torch.float32)
+    target = torch.randint(0, 1001, (1000,), device="cuda:1")
+    assert_close(tk.cross_entropy(x, target), F.cross_entropy(x64, target), torch.float32)
+    torch.cuda.synchronize(1)
+
+
+@pytest.mark.gpu
+def test_backward_and_compile_on_the_second_gpu(two_gpus):
+    """Autograd's backward and Inductor's launches must also follow the tensors to cuda:1."""
+    x = torch.randn(257, 1001, device="cuda:1", requires_grad=True)
+    x64 = x.detach().double().requires_grad_()
+    grad = torch.randn(257, 1001, device="cuda:1")
+    tk.softmax(x, -1).backward(grad)
+    torch.softmax(x64, -1).backward(grad.double())
+    assert_close(x.grad, x64.grad, torch.float32)
+    compiled = torch.compile(lambda t: tk.gelu(tk.softmax(t, -1), "tanh"), fullgraph=True)
+    expected = F.gelu(torch.softmax(x64.detach(), -1), approximate="tanh")
+    assert_close(compiled(x.detach()), expected, torch.float32)
     torch.cuda.synchronize(1)
 
 
