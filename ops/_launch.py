@@ -32,18 +32,7 @@ try:
 except ImportError:  # pragma: no cover - an older Triton: always launch through Triton
     knobs = None
 
-_INT32 = (-(2**31), 2**31)
-
-
-def _arg_key(a):
-    """What Triton specializes a runtime argument on, or None for 'not handled here'."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if type(a) is int:
-        return (a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1])
-    if type(a) is float:
-        return float  # always an fp32 argument: Triton does not specialize on its value
-    return None
+_INT32_MIN, _INT32_END = -(2**31), 2**31
 
 
 def _hooks_in_use() -> bool:
@@ -55,11 +44,23 @@ def _hooks_in_use() -> bool:
 
 
 def specialization_key(args, kwargs):
-    """A hashable key at least as fine as Triton's cache key; None if an argument is not handled."""
-    keys = tuple(_arg_key(a) for a in args)
-    if None in keys:
-        return None
-    return (keys, tuple(kwargs.items()))
+    """A hashable key at least as fine as Triton's cache key; None if an argument is not handled.
+
+    What Triton specializes a runtime argument on: a tensor's dtype and whether
+    its pointer is 16-byte aligned; an integer's being 1, a multiple of 16 and
+    32-bit; a float's type only.  (One loop, no helper calls: this runs on
+    every eager launch.)"""
+    keys = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            keys.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif type(a) is int:
+            keys.append((a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END))
+        elif type(a) is float:
+            keys.append(float)  # always an fp32 argument
+        else:
+            return None  # None, bool, anything else: Triton's own path
+    return (tuple(keys), tuple(kwargs.items()))
 
 
 def _current_device() -> int:
@@ -77,6 +78,7 @@ class FastKernel:
             jit = jit.fn
         self.params = jit.arg_names
         self.binaries = {}  # key -> (compiled kernel, the arguments after the positional ones, config)
+        self.current_stream = None  # the driver's, looked up at the first launch: `driver.active` is a lazy proxy
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
@@ -102,7 +104,7 @@ class FastKernel:
             grid[0],
             grid[1] if len(grid) > 1 else 1,
             grid[2] if len(grid) > 2 else 1,
-            driver.active.get_current_stream(device),
+            self.current_stream(device),
             compiled.function,
             compiled.packed_metadata,
             None,  # launch metadata and the two hooks: only for launch hooks, which take Triton's path
@@ -133,6 +135,7 @@ class FastKernel:
             return  # a parameter left to its default: keep using Triton's path
         if getattr(compiled, "function", None) is None:
             return
+        self.current_stream = driver.active.get_current_stream
         self.binaries[key] = (compiled, tuple(named[name] for name in rest), config)
 
 
