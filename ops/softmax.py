@@ -270,13 +270,6 @@ def softmax_backward_segments_kernel(
 _MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
 _CHUNK = {"cuda": 16384, "cpu": 1 << 14}
 
-# The backward keeps rows of up to 128 KiB per input (65536 bfloat16 columns)
-# in one block on CUDA: it spills too, but at 1024x65536 bf16 Liger's one-block
-# backward ran at 80% of copy where the looped one got 59% (each pass reads dy
-# and y: 4 rows per program against the forward's 2).  float32 at 65536
-# columns spilled far worse (35%): the limit is in bytes, not columns.
-_BACKWARD_BLOCK_BYTES = {"cuda": 128 * 1024, "cpu": 0}
-
 # When rows longer than a block are split (see _split).  Module-level so that
 # a test can shrink them and reach every design with small tensors.
 _PROGRAMS_PER_SM = 4  # CUDA: enough programs to keep every SM streaming
@@ -293,7 +286,6 @@ class _Kernels:
     partials: object  # split rows, pass 1: (inputs..., partials..., n_cols, inner, segment_len)
     finish: object  # split rows, pass 2: (inputs..., output, partials..., n_cols, inner, segment_len)
     n_partials: int  # scratch tensors pass 1 fills
-    block_bytes: dict = None  # per device kind: rows up to this many bytes per input also take `single`
 
 
 _FORWARD = _Kernels(
@@ -309,7 +301,6 @@ _BACKWARD = _Kernels(
     partials=softmax_backward_partial_dot_kernel,
     finish=softmax_backward_segments_kernel,
     n_partials=1,  # sum(dy * y)
-    block_bytes=_BACKWARD_BLOCK_BYTES,
 )
 
 
@@ -351,9 +342,8 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     like = tensors[-1]
     n_rows = like.numel() // n_cols
     kind = _kind(like.device)
-    block = triton.next_power_of_2(n_cols)
-    if block <= _single_block_limit(kernels, kind, like.element_size()):
-        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=block)
+    if triton.next_power_of_2(n_cols) <= _MAX_BLOCK[kind]:
+        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=triton.next_power_of_2(n_cols))
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])
@@ -364,12 +354,6 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind])
     segments_block = triton.next_power_of_2(n_segments)
     _run(kernels.finish, grid, (*tensors, *partials), *sizes, BLOCK_SIZE=_CHUNK[kind], SEGMENTS_BLOCK=segments_block)
-
-
-def _single_block_limit(kernels: _Kernels, kind: str, element_size: int) -> int:
-    """The longest (power-of-two) row that `kernels.single` takes on this kind of device."""
-    by_bytes = kernels.block_bytes[kind] // element_size if kernels.block_bytes else 0
-    return max(_MAX_BLOCK[kind], by_bytes)
 
 
 def _run(kernel, grid, tensors, *sizes, BLOCK_SIZE, **constexprs):
