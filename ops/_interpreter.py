@@ -62,6 +62,25 @@ def _nested_jit_calls_interpreted():
             JITFunction.__call__ = original
 
 
+def _index(self) -> int:
+    """A scalar's value as a Python int: range() bounds, indices.  The
+    interpreter keeps scalars as 1-element arrays; Triton before 3.7 converts
+    them with ``int(array)``, which NumPy 2.4 refuses for a 1-D array (every
+    loop with a runtime bound failed on Triton 3.6).  This is Triton 3.9's own
+    conversion."""
+    return int(self.handle.data.squeeze())
+
+
+_patch_lang_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+if _patch_lang_tensor is not None:
+
+    def _patch_lang_tensor_with_index(tensor, scope):
+        _patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", _index)
+
+    interpreter._patch_lang_tensor = _patch_lang_tensor_with_index
+
+
 class InterpretedKernel:
     """``kernel[grid](*args)`` on CPU tensors, run by Triton's interpreter.
 

@@ -84,10 +84,11 @@ def matmul_kernel(
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
             a, b = a.to(tl.float32), b.to(tl.float32)
+        # out_dtype names the accumulator's type: Triton 3.6 assumes float32 otherwise.
         if ALLOW_TF32:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
+            acc = tl.dot(a, b, acc, input_precision="tf32", out_dtype=acc.dtype)
         else:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
