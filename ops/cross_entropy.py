@@ -48,6 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._device import kind as _kind
 from ._registry import NAMESPACE, OpSpec, check_tensor, launcher, register_op, register_spec
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -244,10 +245,6 @@ def cross_entropy_backward_kernel(
 _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
 # The single-program reductions over the N rows.
 _REDUCE_BLOCK = {"cuda": 1024, "cpu": 1 << 16}
-
-
-def _kind(device: torch.device) -> str:
-    return "cuda" if device.type == "cuda" else "cpu"
 
 
 def _chunk(n_cols: int, device: torch.device) -> tuple[int, int]:

@@ -60,7 +60,6 @@ the op return three outputs (or be split into a second registered op) for
 no measurable gain.  The autograd therefore keeps x and weight only.
 """
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,6 +68,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._device import kind as _kind, sm_count as _sm_count
 from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 # --------------------------------------------------------------------------
@@ -505,15 +505,17 @@ LAYER_NORM_KERNELS = NormKernels(
 
 # Longest row normalized in one block, and how many warps share it.  A
 # thread has at most 64K / threads registers (128 with 16 warps, 64 with
-# 32).  The forward keeps x, w, b and y live and runs 16 elements a thread:
-# a 16384-column row on 32 warps takes about 55 registers (ptxas, sm_90),
-# on 16 warps it spills.  The backward keeps x, dy, w, xhat, g and two
+# 32).  The forward keeps x, w, b and y live: a 16384-column row on 32
+# warps takes about 55 registers (ptxas, sm_90), on 16 warps it spills.  A
+# 32768-column row on 32 warps (32 elements a thread) ran at 97% of copy
+# bandwidth on an H100 (rms_norm bf16 4096x32768; 94% layer_norm), where
+# the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The backward keeps x, dy, w, xhat, g and two
 # accumulators live and runs 8 elements a thread: 80 registers for a 4096
 # tile on 16 warps (8 warps would need 160), 64 for 8192 columns on 32
 # warps, its limit.  float64 values take two registers: half the blocks
 # and tiles on the GPU (float64 on CUDA is for tests, not speed).  The
 # interpreter has no registers, only a Python cost per program and step.
-_MAX_BLOCK = {"cuda": 16384, "cpu": 1 << 16}
+_MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
 _MAX_BLOCK_BACKWARD = {"cuda": 8192, "cpu": 1 << 16}
 _TILE = {"cuda": 4096, "cpu": 1 << 14}  # short rows are stacked up to about this many elements a program
 _CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
@@ -524,16 +526,6 @@ _PROGRAMS_PER_SM = 2  # CUDA; a starting point, to be tuned on the hardware
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
-
-
-def _kind(device: torch.device) -> str:
-    """Which constants apply: "cuda", or "cpu" (the interpreter; also meta and fake CPU tensors)."""
-    return "cuda" if device.type == "cuda" else "cpu"
-
-
-@functools.cache
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _warps(elements: int, per_thread: int = 16) -> int:

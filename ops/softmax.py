@@ -25,13 +25,13 @@ Three designs, picked by row length and row count:
   the same way: partial sums of dy * y, then dx.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ._device import kind as _kind, sm_count as _sm_count
 from ._registry import SPECS, OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 
@@ -302,16 +302,6 @@ _BACKWARD = _Kernels(
     finish=softmax_backward_segments_kernel,
     n_partials=1,  # sum(dy * y)
 )
-
-
-def _kind(device: torch.device) -> str:
-    """Which constants apply: "cuda", or "cpu" (the interpreter; also meta and fake CPU tensors)."""
-    return "cuda" if device.type == "cuda" else "cpu"
-
-
-@functools.cache
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _target_programs(device: torch.device) -> int:
