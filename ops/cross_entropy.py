@@ -458,13 +458,11 @@ def _bytes(shape, dtype):
 
 
 def _liger_cross_entropy():
-    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction  # optional peer
+    # The functional entry point, not LigerCrossEntropyFunction: the Function's
+    # positional arguments changed between releases (0.8 made weight required).
+    from liger_kernel.transformers.functional import liger_cross_entropy  # optional peer
 
-    def run(logits, target):
-        out = LigerCrossEntropyFunction.apply(logits, target)
-        return out[0] if isinstance(out, tuple) else out  # newer versions also return a z-loss
-
-    return run
+    return liger_cross_entropy
 
 
 register_spec(
