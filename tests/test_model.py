@@ -298,8 +298,11 @@ def aoti_runtime_crash(tmp_path) -> str | None:
     The control is a package of F.gelu alone, no tk op.  On the H100 machine
     (torch 2.11+cu130) its load died with SIGSEGV inside
     ``AOTIModelPackageLoader``, with or without ``ops`` imported, also with
-    ``run_single_threaded`` or ``device_index=0``: a fault of that install, not
-    of tk, which this separates from a fault of tk's package."""
+    ``run_single_threaded`` or ``device_index=0``; the older loaders
+    (``AOTIModelContainerRunnerCuda``, ``torch._export.aot_load``) died the
+    same way, while a plain ``dlopen`` of the package's wrapper library
+    succeeded: the crash is inside torch's runner, a fault of that install,
+    not of tk, which this separates from a fault of tk's package."""
 
     class Gelu(torch.nn.Module):
         def forward(self, x):
