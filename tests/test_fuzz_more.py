@@ -317,11 +317,12 @@ def check_rgb_to_grayscale(case, device):
 # rms_norm and layer_norm.
 # ---------------------------------------------------------------------------
 
-# Row lengths: each side of the forward's one-block limit (16384 on the GPU,
-# 8192 for float64), of the backward's (8192) and of the chunks (4096).
+# Row lengths: each side of the forward's one-block limit (32768 on the GPU,
+# 16384 for float64), of the backward's (8192) and of the chunks (4096).
 NORM_COLS = {
     "cpu": [*POOLS["cpu"], 255, 256, 257],
-    "cuda": [1, 2, 3, 5, 7, 13, 127, 1023, 1024, 1025, 4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385, 65537],
+    "cuda": [1, 2, 3, 5, 7, 13, 127, 1023, 1024, 1025, 4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385,
+             32767, 32768, 32769, 65537],
 }
 # eps values that are exact in float32: a Python float reaches a kernel as a
 # float32 (see tests/test_norms.py), which would be an error of 1e-8 on a
