@@ -101,9 +101,6 @@ def cross_entropy_forward_kernel(
     row_ptr = logits_ptr + row * row_stride
     target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
     # An ignored row reads nothing: with end = 0 every load below is masked off.
-    # The loop still runs to n_cols (as the backward's does): a bound computed
-    # from loaded data is a 1-element array in Triton 3.6's interpreter, and
-    # range() cannot take it.
     end = tl.where(ignored, 0, n_cols)
 
     # The first chunk starts the running max and sum, so they take the compute
@@ -124,7 +121,7 @@ def cross_entropy_forward_kernel(
         finite = (cols < end) & (x == x) & (tl.abs(x) < float("inf"))
         anchor = tl.sum(tl.where(finite, x, 0.0), axis=0) / tl.maximum(tl.sum(finite.to(x.dtype), axis=0), 1.0)
         run_mean = tl.sum(tl.where(cols < end, (x - anchor) / n_cols, 0.0), axis=0)
-    for chunk in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
+    for chunk in range(BLOCK_SIZE, end, BLOCK_SIZE):
         cols = chunk + tl.arange(0, BLOCK_SIZE)
         x = _load_logits(row_ptr, cols, end)
         new_max = tl.maximum(run_max, tl.max(x, axis=0))

@@ -509,8 +509,9 @@ LAYER_NORM_KERNELS = NormKernels(
 # warps takes about 55 registers (ptxas, sm_90), on 16 warps it spills.  A
 # 32768-column row on 32 warps (32 elements a thread) ran at 97% of copy
 # bandwidth on an H100 (rms_norm bf16 4096x32768; 94% layer_norm), where
-# the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The backward keeps x, dy, w, xhat, g and two
-# accumulators live and runs 8 elements a thread: 80 registers for a 4096
+# the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The
+# backward keeps x, dy, w, xhat, g and two accumulators live and runs 8
+# elements a thread: 80 registers for a 4096
 # tile on 16 warps (8 warps would need 160), 64 for 8192 columns on 32
 # warps, its limit.  float64 values take two registers: half the blocks
 # and tiles on the GPU (float64 on CUDA is for tests, not speed).  The
