@@ -35,6 +35,18 @@ except ImportError:  # pragma: no cover - an older Triton: always launch through
 _INT32_MIN, _INT32_END = -(2**31), 2**31
 
 
+# Grid and block arithmetic on the host.  triton.cdiv and
+# triton.next_power_of_2 are constexpr functions that unwrap their arguments
+# on every call, about 3 µs each: several per launch for a small op.
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def _hooks_in_use() -> bool:
     """Launch hooks (profilers) need Triton's own path: None, or an empty HookChain, means none."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import cdiv, next_power_of_2
 from ._registry import FLOAT_DTYPES, OpSpec, check_tensor, is_dense, launcher, register_op, register_spec
 
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -74,7 +75,7 @@ def elementwise_config(n: int, device: torch.device) -> tuple[int, int]:
     program takes as much as it can: the whole tensor up to 2**16 elements.
     """
     if device.type != "cuda":
-        return min(triton.next_power_of_2(max(n, 1)), 1 << 16), 1
+        return min(next_power_of_2(max(n, 1)), 1 << 16), 1
     if n >= 1 << 22:
         return 4096, 8
     return 1024, 4
@@ -82,7 +83,7 @@ def elementwise_config(n: int, device: torch.device) -> tuple[int, int]:
 
 def elementwise_grid(n: int, block: int) -> tuple[int]:
     """One program per block, the last one partial: ceil(n / block) programs."""
-    return ((n + block - 1) // block,)  # triton.cdiv, without its constexpr unwrapping (runs per call)
+    return (cdiv(n, block),)
 
 
 def walk_in_one_order(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

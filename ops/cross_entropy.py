@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from ._device import kind as _kind
+from ._launch import next_power_of_2
 from ._registry import NAMESPACE, OpSpec, check_tensor, launcher, register_op, register_spec
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -246,12 +247,12 @@ _REDUCE_BLOCK = {"cuda": 1024, "cpu": 1 << 16}
 
 def _chunk(n_cols: int, device: torch.device) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) of the row kernels: about 16 elements per thread."""
-    block = min(triton.next_power_of_2(n_cols), _MAX_CHUNK[_kind(device)])
+    block = min(next_power_of_2(n_cols), _MAX_CHUNK[_kind(device)])
     return block, min(max(block // 512, 1), 8)
 
 
 def _reduce_block(n_rows: int, device: torch.device) -> int:
-    return min(triton.next_power_of_2(max(n_rows, 1)), _REDUCE_BLOCK[_kind(device)])
+    return min(next_power_of_2(max(n_rows, 1)), _REDUCE_BLOCK[_kind(device)])
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -69,6 +69,7 @@ import triton
 import triton.language as tl
 
 from ._device import kind as _kind, sm_count as _sm_count
+from ._launch import cdiv, next_power_of_2
 from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 # --------------------------------------------------------------------------
@@ -541,7 +542,7 @@ def _register_limit(limits: dict, kind: str, dtype: torch.dtype) -> int:
 
 def _fits_a_block(n_cols: int, limits: dict, x: torch.Tensor) -> bool:
     """Whether a row of n_cols is held in one block (the short-row designs)."""
-    return triton.next_power_of_2(n_cols) <= _register_limit(limits, _kind(x.device), x.dtype)
+    return next_power_of_2(n_cols) <= _register_limit(limits, _kind(x.device), x.dtype)
 
 
 def _at_most(size, bound: int) -> int:
@@ -556,8 +557,8 @@ def _at_most(size, bound: int) -> int:
 
 def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements."""
-    block_n = triton.next_power_of_2(n_cols)
-    block_m = triton.next_power_of_2(_at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
+    block_n = next_power_of_2(n_cols)
+    block_m = next_power_of_2(_at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
     return block_m, block_n
 
 
@@ -599,7 +600,7 @@ def normalize(kernels: NormKernels, x, weight, bias, eps: float, n_cols: int) ->
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
     if _fits_a_block(n_cols, _MAX_BLOCK, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
-        grid = (triton.cdiv(n_rows, block_m),)
+        grid = (cdiv(n_rows, block_m),)
         _launch(kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_warps(block_m * block_n))
     else:
         chunk = _CHUNK[kind]
@@ -625,7 +626,7 @@ def normalize_backward(
 
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
-        n_programs = _backward_programs(triton.cdiv(n_rows, block_m), n_rows, x.device)
+        n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device)
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
         _launch(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
@@ -638,9 +639,9 @@ def normalize_backward(
             kernels.backward_stats, (n_rows,), grad, x, w, stats, n_cols, eps,
             HAS_WEIGHT=weight is not None, BLOCK_N=chunk, num_warps=_warps(chunk, per_thread=8),
         )  # fmt: skip
-        n_chunks = triton.cdiv(n_cols, chunk)
+        n_chunks = cdiv(n_cols, chunk)
         # About as many programs as the short-row design, spread over the chunks.
-        n_groups = _backward_programs(triton.cdiv(_target_programs(x.device), n_chunks), n_rows, x.device)
+        n_groups = _backward_programs(cdiv(_target_programs(x.device), n_chunks), n_rows, x.device)
         dw_partial, db_partial = _partials(n_groups, n_cols, x, dx, weight_grad, bias_grad)
         _launch(
             kernels.backward_columns, (n_groups, n_chunks), grad, x, w, stats, dx, dw_partial, db_partial,
@@ -669,9 +670,9 @@ def _partials(n_programs: int, n_cols: int, x, dx, weight_grad: bool, bias_grad:
 
 def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int) -> None:
     block_p, block_n = _COLUMN_SUM_BLOCK[_kind(out.device)]
-    block_n = min(block_n, triton.next_power_of_2(n_cols))
+    block_n = min(block_n, next_power_of_2(n_cols))
     _launch(
-        column_sum_kernel, (triton.cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
+        column_sum_kernel, (cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
         BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import cdiv
 from ._registry import OpSpec, check_same, check_tensor, launcher, on_cuda, register_op, register_spec
 
 
@@ -150,14 +151,14 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if on_cuda(a):
 
         def grid(meta):
-            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), batch)
+            return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), batch)
 
         launcher(matmul_kernel_autotuned, a)[grid](
             a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=False
         )
     else:
         blocks = _CPU_BLOCKS
-        grid = (triton.cdiv(M, blocks["BLOCK_M"]) * triton.cdiv(N, blocks["BLOCK_N"]), batch)
+        grid = (cdiv(M, blocks["BLOCK_M"]) * cdiv(N, blocks["BLOCK_N"]), batch)
         upcast = a.dtype == torch.bfloat16
         launcher(matmul_kernel, a)[grid](
             a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=upcast, **blocks

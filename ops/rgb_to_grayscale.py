@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import cdiv, next_power_of_2
 from ._registry import FLOAT_DTYPES, OpSpec, check_tensor, launcher, register_op, register_spec
 from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config
 from .square import to_compute_dtype
@@ -119,9 +120,9 @@ def _image_config(n_pixels: int, device: torch.device) -> tuple[int, int, int]:
     so that a batch of small images does not launch mostly idle lanes.
     """
     block, warps = elementwise_config(n_pixels, device)
-    block = min(block, triton.next_power_of_2(n_pixels))
+    block = min(block, next_power_of_2(n_pixels))
     warps = min(warps, max(block // 128, 1))  # at least 4 elements per thread
-    return block, warps, triton.cdiv(n_pixels, block)
+    return block, warps, cdiv(n_pixels, block)
 
 
 def _check_image(op: str, arg: str, t: torch.Tensor, channels: int, dtypes) -> None:

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ._device import kind as _kind, sm_count as _sm_count
+from ._launch import cdiv, next_power_of_2
 from ._registry import SPECS, OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 
@@ -321,10 +322,10 @@ def _split(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int]:
     Segments are whole chunks, so only the last chunk of a row is ever short.
     """
     chunk = _CHUNK[_kind(device)]
-    wanted = triton.cdiv(_target_programs(device), n_rows)
+    wanted = cdiv(_target_programs(device), n_rows)
     n_segments = max(min(wanted, n_cols // (_MIN_SEGMENT_CHUNKS * chunk)), 1)
-    segment_len = triton.cdiv(triton.cdiv(n_cols, n_segments), chunk) * chunk
-    return triton.cdiv(n_cols, segment_len), segment_len  # rounding up may leave fewer segments
+    segment_len = cdiv(cdiv(n_cols, n_segments), chunk) * chunk
+    return cdiv(n_cols, segment_len), segment_len  # rounding up may leave fewer segments
 
 
 def _launch(kernels: _Kernels, tensors, n_cols, inner):
@@ -332,8 +333,8 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     like = tensors[-1]
     n_rows = like.numel() // n_cols
     kind = _kind(like.device)
-    if triton.next_power_of_2(n_cols) <= _MAX_BLOCK[kind]:
-        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=triton.next_power_of_2(n_cols))
+    if next_power_of_2(n_cols) <= _MAX_BLOCK[kind]:
+        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=next_power_of_2(n_cols))
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])
@@ -342,7 +343,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     partials = [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(kernels.n_partials)]
     grid, sizes = (n_rows, n_segments), (n_cols, inner, segment_len)
     _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind])
-    segments_block = triton.next_power_of_2(n_segments)
+    segments_block = next_power_of_2(n_segments)
     _run(kernels.finish, grid, (*tensors, *partials), *sizes, BLOCK_SIZE=_CHUNK[kind], SEGMENTS_BLOCK=segments_block)
 
 
