@@ -180,41 +180,99 @@ def test_float64_gradients_through_the_model():
     assert torch.autograd.gradcheck(lambda t: model(t), (x,), fast_mode=True)
 
 
-def test_eager_cuda_calls_have_a_direct_kernel():
-    """Eager CUDA calls skip custom_op's Python wrappers: each op has kernels for
-    the AutogradCUDA and CUDA keys, while tracing keeps the triton_op (Autograd
-    and CompositeExplicitAutograd registrations from torch.library)."""
+def test_eager_calls_have_a_direct_kernel():
+    """Eager calls skip custom_op's Python wrappers: each op has kernels for
+    the AutogradCUDA, CUDA, AutogradCPU and CPU keys, while tracing keeps the
+    triton_op (Autograd and CompositeExplicitAutograd registrations from
+    torch.library)."""
     names = ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul", "copy", "square", "square_backward"]
     names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
     names += ["cross_entropy_forward", "cross_entropy_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward"]
     for name in names:
         table = torch._C._dispatch_dump(f"tk::{name}")
-        for key in ("AutogradCUDA", "CUDA"):
+        for key in ("AutogradCUDA", "CUDA", "AutogradCPU", "CPU"):
             line = table.split(f"\n{key}:")[1].splitlines()[0]
             assert "ops/_registry.py" in line, f"{name}: {key} kernel is {line}"
         assert "Autograd[alias]" in table and "CompositeExplicitAutograd[alias]" in table
 
 
-def test_the_eager_shortcut_is_refused_to_grads_and_tracing():
+def test_the_eager_route_sends_grads_and_tracing_elsewhere():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ops._registry import _is_plain_eager_call
+    from ops._registry import _GRAD, _PLAIN, _TRACED, _eager_route
 
     x = torch.randn(3)
-    assert _is_plain_eager_call((x, "tanh"))
-    assert _is_plain_eager_call((torch.nn.Parameter(x.clone()).detach(),))
+    assert _eager_route((x, "tanh")) == _PLAIN
+    assert _eager_route((torch.nn.Parameter(x.clone()).detach(),)) == _PLAIN
     leaf = x.clone().requires_grad_()
-    assert not _is_plain_eager_call((leaf,))
+    assert _eager_route((x, leaf)) == _GRAD
     with torch.no_grad():
-        assert _is_plain_eager_call((leaf,))
+        assert _eager_route((leaf,)) == _PLAIN
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(x)
-        assert not _is_plain_eager_call((fake,))
+        assert _eager_route((fake,)) == _TRACED
 
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Watch():
-        assert not _is_plain_eager_call((x,))
+        assert _eager_route((x,)) == _TRACED
+        assert _eager_route((leaf,)) == _TRACED
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_gradients_take_the_direct_autograd_function(device, monkeypatch):
+    """An eager call that needs a gradient runs the op's own formula in a plain
+    autograd.Function around the body; its gradients are custom_op's, bit for bit.
+    Covers an argument left to its default (setup_context still sees it), a
+    second input without a gradient, and a tuple output."""
+    from ops import _registry
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 37, generator=gen, dtype=torch.float64).to(device)
+    w = torch.randn(37, 11, generator=gen, dtype=torch.float64).to(device)
+    target = torch.randint(0, 37, (6,), generator=gen).to(device)
+    cases = {
+        "gelu": lambda t: torch.ops.tk.gelu(t),  # approximate left to its default
+        "softmax": lambda t: torch.ops.tk.softmax(t, -1),
+        "matmul": lambda t: torch.ops.tk.matmul(t, w),  # w needs no gradient
+        "cross_entropy_forward": lambda t: torch.ops.tk.cross_entropy_forward(t, target, -100, "none", 0.0)[0],
+    }
+
+    def upstream(y):  # the same random upstream gradient for every route (a constant one gives softmax 0)
+        return torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=y.dtype).to(device)
+
+    def grads(route):
+        out = {}
+        for name, f in cases.items():
+            leaf = x.clone().requires_grad_()
+            y = f(leaf)
+            assert type(y.grad_fn).__name__.startswith(route.format(name=name)), (name, type(y.grad_fn).__name__)
+            (out[name],) = torch.autograd.grad(y, leaf, upstream(y))
+        return out
+
+    direct = grads("{name}_directBackward")
+    monkeypatch.setattr(_registry._DirectAutograd, "ready", lambda self: False)
+    generated = grads("GeneratedBackwardFor_tk_{name}")
+    for name in cases:
+        assert torch.equal(direct[name], generated[name]), name
+    reference = {
+        "gelu": F.gelu, "softmax": lambda t: torch.softmax(t, -1), "matmul": lambda t: t @ w,
+        "cross_entropy_forward": lambda t: F.cross_entropy(t, target, reduction="none"),
+    }  # fmt: skip
+    for name, f in reference.items():
+        leaf = leaf64(x)
+        y = f(leaf)
+        (want,) = torch.autograd.grad(y, leaf, upstream(y))
+        assert_close(direct[name], want, torch.float64)
+
+
+def test_double_backward_through_the_direct_path_says_there_is_no_formula():
+    """The backward ops have no formula of their own: create_graph=True and a
+    second grad fail with torch.library's message, not a wrong answer."""
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    (dx,) = torch.autograd.grad(torch.ops.tk.gelu(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        torch.autograd.grad(dx.sum(), x)
