@@ -416,6 +416,7 @@ def _free():
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_matmul_output_past_2_to_the_31_elements():
     """int64 row offsets in the store: rows past 2**31 / N would wrap with int32."""
     M, N, K = 65536 + 3, 32768 + 8, 64  # M * N = 2**31 + 786456
@@ -430,6 +431,7 @@ def test_matmul_output_past_2_to_the_31_elements():
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_softmax_along_dim_0_past_2_to_the_31_elements():
     """Rows 2**30 elements apart: a row's offsets pass 2**31 (cols * inner in int64)."""
     inner = (1 << 30) + 3
@@ -442,6 +444,7 @@ def test_softmax_along_dim_0_past_2_to_the_31_elements():
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_softmax_backward_past_2_to_the_31_elements():
     rows, cols = 2049, 1 << 20
     y = torch.softmax(torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16), -1)

@@ -658,6 +658,7 @@ def test_compiled_tour_matches_eager(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 def test_tensors_past_2_to_the_31_elements():
     """int64 offsets: with int32, the programs past 2**31 / BLOCK_SIZE would wrap around."""
     n = (1 << 31) + 4099

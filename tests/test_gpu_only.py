@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from reference import assert_close
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.big_memory]
 
 
 def test_gelu_past_2_to_the_31_elements():

@@ -1,0 +1,14 @@
+"""The test suite's own machinery (tests/conftest.py)."""
+
+import fcntl
+
+import pytest
+
+
+@pytest.mark.big_memory
+def test_big_memory_tests_hold_a_lock_that_other_workers_wait_on(tmp_path_factory):
+    lock = tmp_path_factory.getbasetemp().parent / "big_memory.lock"
+    with open(lock, "a") as other:  # another open file: what a second xdist worker would hold
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
