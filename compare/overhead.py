@@ -8,8 +8,10 @@ directly: a wall-clock loop of many calls, synchronized once at the end,
 which is the rate at which a model's Python can issue the op.
 
 For each op: the eager PyTorch reference and ``torch.ops.tk.<op>`` at the
-op's smallest default shape.  ``--profile`` adds a cProfile of the tk calls,
-the cumulative top of the host path.
+op's smallest default shape, called plainly, then as one training step would
+(floating inputs require grad; the call and its ``backward``), where both
+sides have a backward.  ``--profile`` adds a cProfile of the tk calls, the
+cumulative top of the host path.
 """
 
 from __future__ import annotations
@@ -42,13 +44,42 @@ def per_call_us(fn, args, device: torch.device, calls: int, repeats: int = 5) ->
     return sorted(times)[len(times) // 2]
 
 
+def with_backward(fn, args):
+    """A call of ``fn`` on ``args`` whose floating inputs require grad, followed by its backward;
+    None if ``fn`` has no backward."""
+    leaves = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    try:
+        outputs = _differentiable(fn(*leaves))
+        if not outputs:
+            return None
+        grads = [torch.ones_like(o) for o in outputs]
+        torch.autograd.backward(outputs, grads)
+    except RuntimeError:  # a backward op without a formula of its own
+        return None
+
+    def call():
+        torch.autograd.backward(_differentiable(fn(*leaves)), grads)
+
+    return call
+
+
+def _differentiable(out) -> list:
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
 def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
     shape = min(spec.shapes[device.type], key=lambda s: spec.bytes_moved(s, dtype))
     args = spec.make_inputs(shape, dtype, device)
     eager = per_call_us(spec.reference, args, device, calls)
     tk = per_call_us(spec.tk, args, device, calls)
-    return {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
-            "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager}  # fmt: skip
+    row = {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
+           "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager}  # fmt: skip
+    eager_step, tk_step = with_backward(spec.reference, args), with_backward(spec.tk, args)
+    if eager_step is None or tk_step is None:
+        return {**row, "eager +backward µs": None, "tk +backward µs": None, "tk / eager +backward": None}
+    eager_step, tk_step = per_call_us(eager_step, (), device, calls), per_call_us(tk_step, (), device, calls)
+    return {**row, "eager +backward µs": eager_step, "tk +backward µs": tk_step, "tk / eager +backward": tk_step / eager_step}
 
 
 def profile(spec, device: torch.device, dtype: torch.dtype, calls: int, top: int = 30) -> str:

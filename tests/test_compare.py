@@ -369,3 +369,38 @@ def test_plot_axis_keeps_shapes_of_equal_size_apart():
     assert _x_axis(distinct, "bytes") == ({"n=2^12": 16384, "n=2^20": 1 << 21}, True)
     same = [rec("4096x16384", 268), rec("64x1048576", 268), rec("4096x16384", 268)]
     assert _x_axis(same, "bytes") == ({"4096x16384": 0, "64x1048576": 1}, False)
+
+
+# ---------------------------------------------------------------------------
+# python -m compare.overhead: host time per call.
+# ---------------------------------------------------------------------------
+
+
+def test_overhead_reports_plain_and_training_calls(capsys):
+    from compare import overhead
+
+    assert overhead.main(["--op", "gelu,gelu_backward", "--calls", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "eager +backward µs" in lines[1] and "tk / eager +backward" in lines[1]
+    gelu = next(line.split() for line in lines if line.startswith("gelu "))
+    assert len(gelu) == 9 and all(float(v) > 0 for v in gelu[3:])
+    backward_op = next(line.split() for line in lines if line.startswith("gelu_backward "))
+    assert len(backward_op) == 6  # tk's gelu_backward has no backward of its own: no training columns
+
+
+def test_overhead_training_call_runs_the_backward():
+    from compare.overhead import with_backward
+
+    seen = []
+    x = torch.randn(5)
+
+    def fn(t):
+        y = t * 3
+        y.register_hook(lambda g: seen.append(g.clone()))
+        return y
+
+    step = with_backward(fn, (x,))
+    step()
+    assert len(seen) == 2 and torch.equal(seen[1], torch.ones(5))  # the first backward checks it has one
+    assert with_backward(lambda t: t.detach(), (x,)) is None  # nothing to differentiate
+    assert with_backward(torch.ops.tk.gelu_backward, (x, x, "none")) is None  # no formula: skipped
