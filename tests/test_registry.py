@@ -276,3 +276,23 @@ def test_double_backward_through_the_direct_path_says_there_is_no_formula():
     (dx,) = torch.autograd.grad(torch.ops.tk.gelu(x).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="no autograd formula"):
         torch.autograd.grad(dx.sum(), x)
+
+
+def test_a_saved_tensor_changed_in_place_is_caught_at_backward():
+    """The direct autograd path saves what the formula needs with
+    save_for_backward (gelu and matmul their inputs, softmax its output), so
+    autograd's version counter sees an in-place change and refuses to compute
+    a stale gradient, as for PyTorch's own ops.  softmax does not need its
+    input: changing that is fine."""
+    cases = [(torch.ops.tk.gelu, "input"), (lambda t: torch.ops.tk.matmul(t, t.T), "input"),
+             (lambda t: torch.ops.tk.softmax(t, -1), "output")]  # fmt: skip
+    for forward, saved in cases:
+        x = torch.randn(4, 4, requires_grad=True).clone()
+        y = forward(x)
+        (x if saved == "input" else y).mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    x = torch.randn(4, 4, requires_grad=True).clone()
+    y = torch.ops.tk.softmax(x, -1)
+    x.mul_(2)  # softmax's input is not saved: the backward runs
+    y.sum().backward()
