@@ -229,8 +229,11 @@ class _DirectAutograd:
         self.function = None
 
     def ready(self) -> bool:
-        """True if the op has a formula (else custom_op's kernel says so at backward time)."""
-        formula = (self.op._backward_fn, self.op._setup_context_fn)
+        """True if the op has a formula (else custom_op's kernel says so at backward time).
+
+        The formula lives in the attributes make_autograd_impl reads; a torch
+        without them gets custom_op's kernel, not an error."""
+        formula = (getattr(self.op, "_backward_fn", None), getattr(self.op, "_setup_context_fn", None))
         if formula[0] is None:
             return False
         if formula != self.formula:
