@@ -54,8 +54,10 @@ def with_backward(fn, args):
             return None
         grads = [torch.ones_like(o) for o in outputs]
         torch.autograd.backward(outputs, grads)
-    except RuntimeError:  # a backward op without a formula of its own
-        return None
+    except RuntimeError as error:
+        if "no autograd formula" in str(error):  # a backward op without a formula of its own
+            return None
+        raise
 
     def call():
         torch.autograd.backward(_differentiable(fn(*leaves)), grads)
@@ -75,11 +77,15 @@ def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
     tk = per_call_us(spec.tk, args, device, calls)
     row = {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
            "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager}  # fmt: skip
-    eager_step, tk_step = with_backward(spec.reference, args), with_backward(spec.tk, args)
-    if eager_step is None or tk_step is None:
-        return {**row, "eager +backward µs": None, "tk +backward µs": None, "tk / eager +backward": None}
-    eager_step, tk_step = per_call_us(eager_step, (), device, calls), per_call_us(tk_step, (), device, calls)
-    return {**row, "eager +backward µs": eager_step, "tk +backward µs": tk_step, "tk / eager +backward": tk_step / eager_step}
+    training = dict.fromkeys(["eager +backward µs", "tk +backward µs", "tk / eager +backward"])
+    try:
+        eager_step, tk_step = with_backward(spec.reference, args), with_backward(spec.tk, args)
+    except Exception as error:  # the other columns still report
+        return {**row, **training, "note": f"backward failed: {type(error).__name__}: {error}"}
+    if eager_step is not None and tk_step is not None:
+        eager_us, tk_us = per_call_us(eager_step, (), device, calls), per_call_us(tk_step, (), device, calls)
+        training = dict(zip(training, (eager_us, tk_us, tk_us / eager_us)))
+    return {**row, **training}
 
 
 def profile(spec, device: torch.device, dtype: torch.dtype, calls: int, top: int = 30) -> str:

@@ -278,10 +278,9 @@ def _eager_route(args) -> str:
     return route
 
 
-def _functorch_active() -> bool:
-    """A ``torch.func`` transform (grad, vmap) wraps the arguments: leave those to torch.library."""
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return active is not None and active()
+# A torch.func transform (grad, vmap) wraps the arguments: leave those to
+# torch.library.  Looked up once: _eager_route runs on every eager call.
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 # --------------------------------------------------------------------------

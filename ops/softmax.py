@@ -333,8 +333,9 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     like = tensors[-1]
     n_rows = like.numel() // n_cols
     kind = _kind(like.device)
-    if next_power_of_2(n_cols) <= _MAX_BLOCK[kind]:
-        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=next_power_of_2(n_cols))
+    block = next_power_of_2(n_cols)
+    if block <= _MAX_BLOCK[kind]:
+        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=block)
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])

@@ -404,3 +404,19 @@ def test_overhead_training_call_runs_the_backward():
     assert len(seen) == 2 and torch.equal(seen[1], torch.ones(5))  # the first backward checks it has one
     assert with_backward(lambda t: t.detach(), (x,)) is None  # nothing to differentiate
     assert with_backward(torch.ops.tk.gelu_backward, (x, x, "none")) is None  # no formula: skipped
+
+
+def test_overhead_reports_a_failing_backward_and_keeps_the_rest(monkeypatch):
+    from compare import overhead
+
+    spec = ops.get_spec("gelu")
+
+    def with_broken_backward(fn, args):
+        if fn is spec.tk:
+            raise RuntimeError("a broken formula")
+        return None
+
+    monkeypatch.setattr(overhead, "with_backward", with_broken_backward)
+    row = overhead.measure(spec, torch.device("cpu"), torch.float32, calls=1)
+    assert row["tk µs"] > 0 and row["eager +backward µs"] is None
+    assert row["note"] == "backward failed: RuntimeError: a broken formula"
