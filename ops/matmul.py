@@ -8,6 +8,13 @@ consecutive programs cover a column of tiles before moving right.  Programs
 that run at the same time then share the same B tiles and a few A tiles in
 L2, instead of each streaming its own row of A and a whole sweep of B.
 
+Split K: when C has too few tiles to fill the GPU (a handful of rows, as in
+decoding, or the small weight gradients of a training step, whose K is the
+number of tokens), each tile's K loop is split over SPLIT_K programs, the
+grid's third axis.  Each writes its partial sum, in float32, to a slice of a
+workspace; a second kernel adds the slices in a fixed order and rounds once.
+No atomics: the result is the same bits on every run.
+
 Precision: float16 and bfloat16 use the tensor cores with a float32
 accumulator.  float32 follows PyTorch's switch: exact IEEE products unless
 ``torch.backends.cuda.matmul.allow_tf32`` is True, then TF32 (10-bit
@@ -19,8 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ._device import kind, sm_count
 from ._launch import cdiv
 from ._registry import OpSpec, check_same, check_tensor, launcher, on_cuda, register_op, register_spec
+from .copy_op import elementwise_config, elementwise_grid
 
 
 def _config(block_m, block_n, block_k, stages, warps):
@@ -51,7 +60,7 @@ def matmul_kernel(
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cm, stride_cn,
+    stride_cb, stride_cm, stride_cn, stride_cs, SPLIT_K,
     ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -69,16 +78,23 @@ def matmul_kernel(
     # bounds without a mask in the K loop, and the store below drops them.
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    # This program's share of the K steps: all of them unless K is split
+    # (SPLIT_K > 1), when slice program_id(2) of C's partial sums is written.
+    k_steps = tl.cdiv(K, BLOCK_K)
+    steps_per_slice = tl.cdiv(k_steps, SPLIT_K)
+    first_step = tl.program_id(2) * steps_per_slice
+    last_step = tl.minimum(first_step + steps_per_slice, k_steps)
     offs_k = tl.arange(0, BLOCK_K)
+    k_start = first_step.to(tl.int64) * BLOCK_K  # int64: k_start * stride passes 2**31 on large operands
     batch = tl.program_id(1).to(tl.int64)  # int64: a batch of matrices can pass 2**31 elements
-    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None].to(tl.int64) * stride_am + (k_start + offs_k[None, :]) * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + (k_start + offs_k[:, None]) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
 
     if a_ptr.dtype.element_ty == tl.float64:  # resolved at compile time
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(first_step, last_step):
         # K is masked: a partial last step reads zeros, which add nothing.
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
@@ -95,17 +111,43 @@ def matmul_kernel(
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptr += tl.program_id(2).to(tl.int64) * stride_cs  # the workspace slice, when K is split
     c_ptrs = c_ptr + batch * stride_cb + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])(matmul_kernel)
+matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
+
+
+@triton.jit
+def split_k_sum_kernel(partial_ptr, c_ptr, n_elements, SPLIT_K: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """c = the sum of SPLIT_K slices of n_elements partial sums, added in slice order.
+    (s * n_elements stays far below 2**31: K is split only for small outputs.)"""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    acc = tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(partial_ptr + s * n_elements + offsets, mask=mask, other=0.0)
+    tl.store(c_ptr + offsets, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
 
 # The interpreter runs one Python loop iteration per program: few, large tiles.
 # Its tl.dot multiplies bfloat16 operands as raw 16-bit integers, so they are
 # upcast first; a product of two half-precision numbers is exact in float32,
 # so the result is the same as the tensor cores' (float32 accumulation).
 _CPU_BLOCKS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
+
+# Split K (see the module docstring): when C has at most half as many tiles
+# as the GPU has SMs, counted with the tile the autotuner picks for small
+# problems, K is split so that tiles * SPLIT_K about fills them once, into
+# slices of at least _MIN_SPLIT_K: a shorter slice would spend more on its
+# partial sums' traffic than it saves.  At most _MAX_SPLIT slices.  The
+# interpreter gets the same rule scaled down (its tile, a few "SMs"), so that
+# CPU tests split small problems too.
+_SPLIT_TILE = {"cuda": (64, 128), "cpu": (_CPU_BLOCKS["BLOCK_M"], _CPU_BLOCKS["BLOCK_N"])}
+_MIN_SPLIT_K = {"cuda": 512, "cpu": _CPU_BLOCKS["BLOCK_K"]}
+_CPU_PROGRAMS = 8
+_MAX_SPLIT = 16
 
 
 def _batched_view(t: torch.Tensor) -> tuple[int, int, int]:
@@ -131,6 +173,17 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> int:
     return 1 if batch_b is None else batch_b
 
 
+def _split_k(M: int, N: int, K: int, batch: int, device: torch.device) -> int:
+    """How many slices K is split into: 1 (no split) unless C is too small to fill the GPU."""
+    where = kind(device)
+    tile_m, tile_n = _SPLIT_TILE[where]
+    tiles = cdiv(M, tile_m) * cdiv(N, tile_n) * batch
+    sms = sm_count(device.index) if where == "cuda" else _CPU_PROGRAMS
+    if tiles * 2 > sms:  # at least half the SMs busy already
+        return 1
+    return max(1, min(sms // tiles, K // _MIN_SPLIT_K[where], _MAX_SPLIT))
+
+
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor("matmul", "a", a, ndims=(2, 3))
     check_tensor("matmul", "b", b, ndims=(2, 3))
@@ -146,24 +199,41 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = torch.empty((batch, M, N) if batched else (M, N), dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
-    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c))
+    split = _split_k(M, N, K, batch, a.device)
+    # With K split, the tiles go to slices of a workspace in the accumulator's
+    # dtype (float32; float64 for float64), summed into c below.
+    accumulator = torch.float64 if a.dtype == torch.float64 else torch.float32
+    out = c if split == 1 else torch.empty((split, batch, M, N), dtype=accumulator, device=a.device)
+    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(out if split == 1 else out[0]))
+    strides += (0 if split == 1 else out.stride(0), split)
     allow_tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     if on_cuda(a):
 
         def grid(meta):
-            return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), batch)
+            return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), batch, split)
 
         launcher(matmul_kernel_autotuned, a)[grid](
-            a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=False
+            a, b, out, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=False
         )
     else:
         blocks = _CPU_BLOCKS
-        grid = (cdiv(M, blocks["BLOCK_M"]) * cdiv(N, blocks["BLOCK_N"]), batch)
+        grid = (cdiv(M, blocks["BLOCK_M"]) * cdiv(N, blocks["BLOCK_N"]), batch, split)
         upcast = a.dtype == torch.bfloat16
         launcher(matmul_kernel, a)[grid](
-            a, b, c, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=upcast, **blocks
+            a, b, out, M, N, K, *strides, ALLOW_TF32=allow_tf32, UPCAST_OPERANDS=upcast, **blocks
         )
+    if split > 1:
+        _sum_slices(out, c, split)
     return c
+
+
+def _sum_slices(partial: torch.Tensor, c: torch.Tensor, split: int) -> None:
+    """c (contiguous) = the sum of partial's split slices."""
+    n = c.numel()
+    block, warps = elementwise_config(n, c.device)
+    launcher(split_k_sum_kernel, c)[elementwise_grid(n, block)](
+        partial, c, n, SPLIT_K=split, BLOCK_SIZE=block, num_warps=warps
+    )
 
 
 matmul = register_op("matmul", _matmul)

@@ -232,7 +232,7 @@ def _matmul_with(config, a, b):
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)
     kernel[grid](
-        a, b, c, M, N, K, 0, *a.stride(), 0, *b.stride(), 0, *c.stride(),
+        a, b, c, M, N, K, 0, *a.stride(), 0, *b.stride(), 0, *c.stride(), 0, 1,  # no split K
         ALLOW_TF32=False, UPCAST_OPERANDS=a.device.type != "cuda" and a.dtype == torch.bfloat16, **meta, **options,
     )  # fmt: skip
     return c

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from reference import DEVICES, DTYPES, assert_close, leaf64, rel_error, strided_versions
 
-from ops import softmax as softmax_ops  # the module, for its design constants
+from ops import matmul as matmul_ops  # the modules, for their design constants
+from ops import softmax as softmax_ops
 
 
 def pick(device, cpu, cuda):
@@ -317,6 +318,68 @@ def test_matmul_of_empty(device):
     assert torch.ops.tk.matmul(torch.randn(3, 4, device=device), torch.randn(4, 0, device=device)).shape == (3, 0)
     zeros = torch.ops.tk.matmul(torch.randn(3, 0, device=device), torch.randn(0, 5, device=device))
     assert torch.equal(zeros, torch.zeros(3, 5, device=device))  # K == 0: a sum of nothing
+
+
+def test_matmul_split_k_rule(monkeypatch):
+    monkeypatch.setattr(matmul_ops, "sm_count", lambda index: 132)  # an H100
+    cuda = torch.device("cuda", 0)
+    assert matmul_ops._SPLIT_TILE["cuda"] == (64, 128) and matmul_ops._MIN_SPLIT_K["cuda"] == 512  # the numbers below
+    assert matmul_ops._split_k(16, 4096, 4096, 1, cuda) == 4  # decoding: 32 tiles, 4 slices of 1024
+    assert matmul_ops._split_k(512, 512, 8192, 1, cuda) == 4  # a weight gradient over 8192 tokens
+    assert matmul_ops._split_k(1, 1, 1 << 20, 1, cuda) == 16  # at most 16 slices
+    assert matmul_ops._split_k(16, 4096, 700, 1, cuda) == 1  # slices would be shorter than 512
+    assert matmul_ops._split_k(1024, 1024, 1024, 1, cuda) == 1  # 128 tiles: the SMs are busy
+    assert matmul_ops._split_k(16, 4096, 4096, 8, cuda) == 1  # a batch fills them too
+    for M, N, K, batch in [(1, 1, 4096, 1), (64, 128, 10**6, 1), (100, 300, 5000, 3), (16, 8192, 8192, 2)]:
+        split = matmul_ops._split_k(M, N, K, batch, cuda)
+        tiles = -(-M // 64) * -(-N // 128) * batch
+        assert split == 1 or (split * tiles <= 132 and K // split >= 512), (M, N, K, batch, split)
+    assert matmul_ops._split_k(16, 64, 1000, 1, torch.device("cpu")) == 8  # the interpreter's scaled-down rule
+
+
+@pytest.fixture
+def slices_summed(monkeypatch):
+    """The split count of every matmul whose K was split."""
+    splits = []
+    sum_slices = matmul_ops._sum_slices
+
+    def spy(partial, c, split):
+        splits.append(split)
+        return sum_slices(partial, c, split)
+
+    monkeypatch.setattr(matmul_ops, "_sum_slices", spy)
+    return splits
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_matmul_with_k_split_matches_float64(slices_summed, monkeypatch, dtype):
+    """K split into slices whose float32 partial sums a second kernel adds (float64
+    for float64): by the interpreter's own rule, then forced to more slices than
+    K has steps, so that the last slices are empty."""
+    a = torch.randn(2, 20, 1000, dtype=dtype)
+    b = torch.randn(1000, 70, dtype=dtype)
+    assert_close(torch.ops.tk.matmul(a[0], b), matmul_reference(a[0], b), dtype)  # 2 tiles of 64x64
+    a_t = a[:, :, :200].transpose(1, 2).contiguous().transpose(1, 2)  # batched, column-major, N = 50: 2 tiles
+    assert_close(torch.ops.tk.matmul(a_t, b[:200, :50]), matmul_reference(a_t, b[:200, :50]), dtype)
+    assert slices_summed == [4, 3], slices_summed  # 8 "SMs" // 2 tiles = 4; then 200 // 64 = 3 slices of K
+    monkeypatch.setattr(matmul_ops, "_split_k", lambda *args: 5)
+    a, b = a[:, :, :100], b[:100]  # 2 steps of 64: slices 2, 3 and 4 have nothing to add
+    assert_close(torch.ops.tk.matmul(a, b), matmul_reference(a, b), dtype)
+    assert slices_summed[-1] == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_matmul_with_k_split_on_the_gpu(slices_summed, dtype):
+    """The shapes the rule splits on an H100-class GPU: decoding, a weight
+    gradient, a skinny odd one.  Right answer, and the same bits on every run."""
+    for M, N, K in [(16, 4096, 4096), (512, 512, 8192), (7, 1000, 3001)]:
+        a = torch.randn(M, K, device="cuda", dtype=dtype)
+        b = torch.randn(K, N, device="cuda", dtype=dtype)
+        c = torch.ops.tk.matmul(a, b)
+        assert_close(c, matmul_reference(a, b), dtype)
+        assert torch.equal(c, torch.ops.tk.matmul(a, b))
+    assert len(slices_summed) == 6 and min(slices_summed) > 1, slices_summed
 
 
 @pytest.mark.parametrize("device", DEVICES)
