@@ -111,7 +111,7 @@ def test_softmax_is_numerically_stable(device, n_cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_cols", [129, 20_000, 70_001])
+@pytest.mark.parametrize("n_cols", [129, 20_000, 40_000, 70_001])  # 40_000: a 16-bit backward row in one block on CUDA
 def test_softmax_backward_matches_pytorch(device, dtype, n_cols):
     x = 3 * torch.randn(pick(device, 3, 512), n_cols, device=device, dtype=dtype)
     for dim in [-1, 0] if n_cols < 1000 or device == "cuda" else [-1]:  # dim 0: one program per column
@@ -174,6 +174,24 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_segments_kernel",
     ],
 }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_16_bit_backward_rows_stay_in_one_block_up_to_twice_the_limit(small_blocks, launched, monkeypatch, dtype):
+    """As on CUDA, scaled down: 16-bit rows of up to 2 * _MAX_BLOCK columns take
+    the one-block backward (its products rounded to the storage dtype), float32
+    rows the looped one; both match float64."""
+    monkeypatch.setitem(softmax_ops._BACKWARD_16BIT_ROWS, "cpu", 2)
+    x = (4 * torch.randn(9, 100)).to(dtype)  # 100 columns: past the 64-column block, within 128
+    grad = torch.randn_like(x)
+    y = torch.softmax(x.double(), -1).to(dtype)
+    launched.clear()
+    dx = torch.ops.tk.softmax_backward(grad, y, -1)
+    expected = "softmax_backward_kernel" if dtype != torch.float32 else "softmax_backward_looped_kernel"
+    assert launched == [expected], launched
+    y64 = y.double()
+    dx64 = y64 * (grad.double() - (grad.double() * y64).sum(-1, keepdim=True))
+    assert_close(dx, dx64, dtype, scale=2)
 
 
 def test_softmax_split_rule(monkeypatch):
