@@ -200,12 +200,14 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if c.numel() == 0:
         return c
     split = _split_k(M, N, K, batch, a.device)
-    # With K split, the tiles go to slices of a workspace in the accumulator's
-    # dtype (float32; float64 for float64), summed into c below.
-    accumulator = torch.float64 if a.dtype == torch.float64 else torch.float32
-    out = c if split == 1 else torch.empty((split, batch, M, N), dtype=accumulator, device=a.device)
-    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(out if split == 1 else out[0]))
-    strides += (0 if split == 1 else out.stride(0), split)
+    if split == 1:
+        out, slice_stride = c, 0
+    else:  # the tiles go to slices of a workspace in the accumulator's dtype, summed into c below
+        accumulator = torch.float64 if a.dtype == torch.float64 else torch.float32
+        out = torch.empty((split, *c.shape), dtype=accumulator, device=a.device)
+        slice_stride = c.numel()
+    # c is new and contiguous, so each workspace slice has c's strides.
+    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
     allow_tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     if on_cuda(a):
 
