@@ -8,6 +8,9 @@ never launch but go through the same rules while being traced).
 import functools
 
 import torch
+import triton
+import triton.language as tl
+from triton.runtime import _allocation
 
 
 def kind(device: torch.device) -> str:
@@ -18,3 +21,28 @@ def kind(device: torch.device) -> str:
 @functools.cache
 def sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def tma_available(device: torch.device) -> bool:
+    """Whether kernels may use TMA tensor descriptors on ``device``: a Hopper or newer GPU, and a Triton that has them."""
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def set_scratch_allocator() -> None:
+    """Give Triton an allocator for the global scratch memory some kernels need, unless one is set.
+
+    A tensor descriptor built inside a kernel (``tl.make_tensor_descriptor``)
+    is written to a small global buffer per program, which Triton's launcher
+    asks an allocator for at each launch.  Triton's default allocator refuses;
+    Inductor sets its own before launching compiled code, and a caller's own
+    allocator is left alone.  The setting is per thread (a context variable).
+    """
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)

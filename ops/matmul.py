@@ -15,6 +15,13 @@ grid's third axis.  Each writes its partial sum, in float32, to a slice of a
 workspace; a second kernel adds the slices in a fixed order and rounds once.
 No atomics: the result is the same bits on every run.
 
+Hopper and newer GPUs: 2-D float16 and bfloat16 problems big enough to fill
+the GPU go to a second kernel, ``matmul_tma_kernel``: tiles are copied by the
+TMA unit from tensor descriptors instead of pointer arithmetic, and a
+persistent grid (one program per SM) walks the tiles, overlapping one tile's
+store with the next one's loads.  Everything else, and older GPUs, take the
+pointer kernel described first.
+
 Precision: float16 and bfloat16 use the tensor cores with a float32
 accumulator.  float32 follows PyTorch's switch: exact IEEE products unless
 ``torch.backends.cuda.matmul.allow_tf32`` is True, then TF32 (10-bit
@@ -26,9 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import kind, sm_count
+from ._device import kind, set_scratch_allocator, sm_count, tma_available
 from ._launch import cdiv
-from ._registry import OpSpec, check_same, check_tensor, launcher, on_cuda, register_op, register_spec
+from ._registry import OpSpec, check_same, check_tensor, is_fake, launcher, on_cuda, register_op, register_spec
 from .copy_op import elementwise_config, elementwise_grid
 
 
@@ -55,6 +62,17 @@ _CONFIGS = [
 
 
 @triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of C's tile number ``tile`` in grouped order (see the module docstring)."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // tiles_per_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % tiles_per_group) % group_size_m
+    pid_n = (tile % tiles_per_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def matmul_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K,
@@ -64,15 +82,7 @@ def matmul_kernel(
     ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    # Grouped order: which tile (pid_m, pid_n) this program computes.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    programs_per_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // programs_per_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % programs_per_group) % group_size_m
-    pid_n = (pid % programs_per_group) // group_size_m
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # Rows and columns past the edge wrap around (% M, % N): the loads stay in
     # bounds without a mask in the K loop, and the store below drops them.
@@ -117,6 +127,93 @@ def matmul_kernel(
 
 
 matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
+
+
+@triton.jit
+def matmul_tma_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K, stride_a, stride_b, stride_c,
+    A_COLUMN_MAJOR: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STORE_HALVES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """C = A @ B for 2-D 16-bit operands on Hopper and newer: TMA loads, persistent grid.
+
+    A tensor descriptor names a 2-D matrix (shape, row stride; the last stride
+    must be 1) and the tile one copy moves.  The TMA unit then copies whole
+    tiles between global and shared memory by itself: no per-thread address
+    arithmetic, no registers held for pointers, and the bounds are checked in
+    hardware (loads past the edge read zeros, which add nothing to a dot
+    product; stores past the edge are dropped), so there are no masks.
+    A column-major operand is described as the row-major matrix it is the
+    transpose of, and each tile transposed after the load.
+    """
+    if A_COLUMN_MAJOR:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+    if B_COLUMN_MAJOR:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+    # STORE_HALVES writes the tile as two halves: half the shared memory for the
+    # store, left to the load pipeline's stages.
+    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N // (1 + STORE_HALVES)])
+
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    # Persistent grid: one program per SM, each taking every num_programs-th
+    # tile.  flatten=True merges the tile loop and the K loop into one loop that
+    # the compiler pipelines across tiles: the next tile's first loads are in
+    # flight while this tile's result is rounded and stored.
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_steps):
+            off_k = k * BLOCK_K
+            if A_COLUMN_MAJOR:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_COLUMN_MAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        c = acc.to(c_ptr.dtype.element_ty)
+        if STORE_HALVES:
+            left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            c_desc.store([off_m, off_n], left)
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right)
+        else:
+            c_desc.store([off_m, off_n], c)
+
+
+def _tma_config(block_m, block_n, block_k, stages, warps, store_halves=True, warp_specialize=False):
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+    meta.update(STORE_HALVES=store_halves, WARP_SPECIALIZE=warp_specialize)
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+# The configs that came out on top on an H100 (bf16 and fp16, 2048^3 to
+# 8192^3; docs/perf-notes.md, version 8).  Shared memory per stage is
+# (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes, plus the store's staging tile:
+# 3 stages of 128x256x64 and a 128x128 half take 176 KiB of Hopper's 227.
+# 256x128 tiles, and 128x128 with 8 warps, lost by 3 to 10 points everywhere.
+_TMA_CONFIGS = [
+    _tma_config(128, 256, 64, 3, 8),
+    _tma_config(128, 256, 64, 4, 8),
+    _tma_config(128, 256, 64, 3, 8, store_halves=False),
+    _tma_config(128, 256, 64, 3, 8, warp_specialize=True),
+    _tma_config(128, 128, 64, 5, 4, store_halves=False),
+]
+matmul_tma_kernel_autotuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
 
 
 @triton.jit
@@ -200,6 +297,10 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if c.numel() == 0:
         return c
     split = _split_k(M, N, K, batch, a.device)
+    layouts = _tma_layouts(a, b, M, N, split)
+    if layouts is not None:
+        _launch_tma(a, b, c, *layouts)
+        return c
     if split == 1:
         out, slice_stride = c, 0
     else:  # the tiles go to slices of a workspace in the accumulator's dtype, summed into c below
@@ -227,6 +328,68 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if split > 1:
         _sum_slices(out, c, split)
     return c
+
+
+# --------------------------------------------------------------------------
+# When the TMA kernel runs, and its launch.
+# --------------------------------------------------------------------------
+
+# The TMA kernel takes a problem with at least as many 128x128 tiles as the GPU
+# has SMs (2048 x 2048 on an H100); below that its persistent grid's large
+# tiles leave SMs idle, and the pointer kernel's smaller ones do better.  The
+# interpreter's rule is scaled down like split K's, for the CPU tests.
+_TMA_MIN_TILE = {"cuda": 128, "cpu": _CPU_BLOCKS["BLOCK_M"]}
+_TMA_BYTES_ALIGNED = 16  # base address and every stride but the unit one
+
+
+def _tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
+    """(column-major?, leading stride) when a TMA descriptor can describe the 2-D matrix t, else None."""
+    size = t.element_size()
+    if (t.storage_offset() * size) % _TMA_BYTES_ALIGNED:
+        return None
+    if t.device.type == "cuda" and not is_fake(t) and t.data_ptr() % _TMA_BYTES_ALIGNED:
+        return None  # storage from outside PyTorch's allocator (from_blob, DLPack) need not be aligned
+    for column_major, unit, leading in ((False, 1, 0), (True, 0, 1)):
+        if t.stride(unit) == 1 and t.stride(leading) > 0 and (t.stride(leading) * size) % _TMA_BYTES_ALIGNED == 0:
+            return column_major, t.stride(leading)
+    return None
+
+
+def _tma_layouts(a: torch.Tensor, b: torch.Tensor, M: int, N: int, split: int):
+    """The layouts of a and b for the TMA kernel, or None where it does not apply:
+    pre-Hopper GPUs, batches, split K, 32- and 64-bit operands, small problems."""
+    if split > 1 or a.dim() != 2 or b.dim() != 2 or a.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if not tma_available(a.device) or (N * a.element_size()) % _TMA_BYTES_ALIGNED:  # N: C's row stride
+        return None
+    where = kind(a.device)
+    tile = _TMA_MIN_TILE[where]
+    if cdiv(M, tile) * cdiv(N, tile) < (sm_count(a.device.index) if where == "cuda" else _CPU_PROGRAMS):
+        return None
+    layout_a, layout_b = _tma_layout(a), _tma_layout(b)
+    return None if layout_a is None or layout_b is None else (layout_a, layout_b)
+
+
+def _launch_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, layout_a, layout_b) -> None:
+    (a_column_major, stride_a), (b_column_major, stride_b) = layout_a, layout_b
+    M, K = a.shape
+    N = b.shape[1]
+    args = (a, b, c, M, N, K, stride_a, stride_b, c.stride(0))
+    flags = {"A_COLUMN_MAJOR": a_column_major, "B_COLUMN_MAJOR": b_column_major}
+    if on_cuda(a):
+        programs = sm_count(a.device.index)
+
+        def grid(meta):
+            return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+
+        set_scratch_allocator()
+        launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags, UPCAST_OPERANDS=False)
+    else:
+        blocks = _CPU_BLOCKS
+        grid = (min(_CPU_PROGRAMS, cdiv(M, blocks["BLOCK_M"]) * cdiv(N, blocks["BLOCK_N"])),)
+        launcher(matmul_tma_kernel, a)[grid](
+            *args, **flags, UPCAST_OPERANDS=a.dtype == torch.bfloat16, STORE_HALVES=True, WARP_SPECIALIZE=False, **blocks
+        )
 
 
 def _sum_slices(partial: torch.Tensor, c: torch.Tensor, split: int) -> None:

@@ -400,6 +400,87 @@ def test_matmul_with_k_split_on_the_gpu(slices_summed, dtype):
     assert len(slices_summed) == 6 and min(slices_summed) > 1, slices_summed
 
 
+def _four_layouts(a, b):
+    """(a, b) in each combination of row-major and column-major."""
+    a_t, b_t = a.t().contiguous().t(), b.t().contiguous().t()
+    return [(a, b), (a_t, b), (a, b_t), (a_t, b_t)]
+
+
+@pytest.fixture
+def tma_launches(monkeypatch):
+    """The operand layouts of every matmul that took the TMA kernel."""
+    launches = []
+    launch = matmul_ops._launch_tma
+
+    def spy(a, b, c, layout_a, layout_b):
+        launches.append((layout_a[0], layout_b[0]))  # (a column-major?, b column-major?)
+        return launch(a, b, c, layout_a, layout_b)
+
+    monkeypatch.setattr(matmul_ops, "_launch_tma", spy)
+    return launches
+
+
+def test_matmul_tma_rule(monkeypatch):
+    """Which operands a TMA descriptor can describe, and which problems go to the TMA kernel."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    assert matmul_ops._tma_layout(x) == (False, 96)
+    assert matmul_ops._tma_layout(x.t()) == (True, 96)
+    assert matmul_ops._tma_layout(x[:, 8:]) == (False, 96)  # 16 bytes in: still aligned
+    assert matmul_ops._tma_layout(x[:, 1:]) is None  # the base address is 2 bytes off
+    assert matmul_ops._tma_layout(x[:, ::2]) is None  # no unit stride
+    assert matmul_ops._tma_layout(torch.randn(64, 100, dtype=torch.float16)) is None  # rows 200 bytes apart
+    assert matmul_ops._tma_layout(torch.randn(64, 100)) == (False, 100)  # 400 bytes apart
+
+    def layouts(a, b, split=1):
+        return matmul_ops._tma_layouts(a, b, a.shape[-2], b.shape[-1], split)
+
+    a, b = torch.randn(136, 96, dtype=torch.bfloat16), torch.randn(96, 264, dtype=torch.bfloat16)
+    assert layouts(a, b) is None  # the CPU has no TMA unit
+    monkeypatch.setattr(matmul_ops, "tma_available", lambda device: True)
+    assert layouts(a, b) == ((False, 96), (False, 264))  # 15 tiles of 64x64 for 8 "SMs"
+    assert layouts(a.t().contiguous().t(), b.t().contiguous().t()) == ((True, 136), (True, 96))
+    assert layouts(a[:130].t().contiguous().t(), b) is None  # its columns would be 260 bytes apart
+    assert layouts(a, b, split=2) is None  # split K takes the pointer kernel
+    assert layouts(a[:100], b[:, :100]) is None  # 4 tiles: too few to fill the "SMs"
+    assert layouts(a, b[:, :260]) is None  # C's rows would be 520 bytes apart
+    assert layouts(a.float(), b.float()) is None  # 16-bit operands only
+    assert layouts(a[None], b) is None  # batches take the pointer kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_tma_kernel_matches_float64(tma_launches, monkeypatch, dtype):
+    """The TMA kernel under the interpreter: each layout, edges that cut tiles in
+    M, N and K, and more tiles than programs (the persistent loop's second round)."""
+    monkeypatch.setattr(matmul_ops, "tma_available", lambda device: True)
+    for M, N, K in [(136, 600, 72), (520, 136, 8)]:
+        a = torch.randn(M, K, dtype=dtype)
+        b = torch.randn(K, N, dtype=dtype)
+        for a_, b_ in _four_layouts(a, b):
+            assert_close(torch.ops.tk.matmul(a_, b_), matmul_reference(a_, b_), dtype)
+    assert tma_launches == [(False, False), (True, False), (False, True), (True, True)] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matmul_tma_kernel_on_the_gpu(tma_launches, dtype):
+    """Hopper and newer: each layout through the TMA kernel, at sizes that cut
+    every kind of tile; a misaligned view falls back to the pointer kernel."""
+    M, N, K = 2312, 2120, 1000  # multiples of 8 (16-byte strides either way), of no tile size
+    a = torch.randn(M, K + 8, device="cuda", dtype=dtype)
+    b = torch.randn(K, N, device="cuda", dtype=dtype)
+    for a_, b_ in _four_layouts(a[:, :K], b):
+        assert_close(torch.ops.tk.matmul(a_, b_), matmul_reference(a_, b_), dtype)
+    assert_close(torch.ops.tk.matmul(a[:, 1 : K + 1], b), matmul_reference(a[:, 1 : K + 1], b), dtype)
+    compiled = torch.compile(lambda a, b: torch.ops.tk.matmul(a, b), fullgraph=True)  # Inductor launches it
+    a_t = a[:, :K].t().contiguous().t()
+    assert_close(compiled(a_t, b), matmul_reference(a_t, b), dtype)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert tma_launches[:4] == [(False, False), (True, False), (False, True), (True, True)], tma_launches
+        assert tma_launches[4:] and set(tma_launches[4:]) == {(True, False)}  # traced (once or more) for Inductor
+    else:
+        assert tma_launches == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shapes", [((37, 20), (20, 45)), ((3, 17, 20), (3, 20, 9)), ((3, 17, 20), (20, 9)), ((17, 20), (3, 20, 9))])
 def test_matmul_backward_matches_pytorch(device, shapes):
