@@ -350,7 +350,9 @@ def _tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
     if t.device.type == "cuda" and not is_fake(t) and t.data_ptr() % _TMA_BYTES_ALIGNED:
         return None  # storage from outside PyTorch's allocator (from_blob, DLPack) need not be aligned
     for column_major, unit, leading in ((False, 1, 0), (True, 0, 1)):
-        if t.stride(unit) == 1 and t.stride(leading) > 0 and (t.stride(leading) * size) % _TMA_BYTES_ALIGNED == 0:
+        # Rows (columns, if column-major) apart, not overlapping, 16-byte aligned.
+        apart = t.stride(leading) >= t.shape[unit] and (t.stride(leading) * size) % _TMA_BYTES_ALIGNED == 0
+        if t.stride(unit) == 1 and apart:
             return column_major, t.stride(leading)
     return None
 

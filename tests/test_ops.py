@@ -428,6 +428,8 @@ def test_matmul_tma_rule(monkeypatch):
     assert matmul_ops._tma_layout(x[:, 8:]) == (False, 96)  # 16 bytes in: still aligned
     assert matmul_ops._tma_layout(x[:, 1:]) is None  # the base address is 2 bytes off
     assert matmul_ops._tma_layout(x[:, ::2]) is None  # no unit stride
+    assert matmul_ops._tma_layout(x.flatten().as_strided((64, 96), (8, 1))) is None  # overlapping rows
+    assert matmul_ops._tma_layout(x.flatten()[:96].expand(64, 96)) is None  # one row, repeated (stride 0)
     assert matmul_ops._tma_layout(torch.randn(64, 100, dtype=torch.float16)) is None  # rows 200 bytes apart
     assert matmul_ops._tma_layout(torch.randn(64, 100)) == (False, 100)  # 400 bytes apart
 
