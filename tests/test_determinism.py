@@ -33,6 +33,7 @@ from reference import TOLERANCE, rel_error
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops import matmul as matmul_module
 from ops import softmax as softmax_module
+from ops._device import set_scratch_allocator, sm_count
 from ops._registry import launcher
 
 tk = torch.ops.tk
@@ -257,10 +258,43 @@ def test_matmul_tile_configurations_agree(device, dtype):
         except triton.runtime.errors.OutOfResources:  # too much shared memory for this dtype: the autotuner skips it too
             continue
     assert len(results) >= 2, "fewer than two configurations ran"
+    _assert_configurations_agree(results, a, b, dtype)
+    assert _same_bits(tk.matmul(a, b), tk.matmul(a, b))
+
+
+def _assert_configurations_agree(results: dict, a, b, dtype) -> None:
+    """Each result right, and within CONFIG_DRIFT of the first."""
     first_name, first = next(iter(results.items()))
     exact = a.double() @ b.double()
     for name, c in results.items():
         assert rel_error(c, exact) <= TOLERANCE[dtype], name
         drift = rel_error(c, first)
         assert drift <= CONFIG_DRIFT[dtype], f"{name} vs {first_name}: {drift:.2e} > {CONFIG_DRIFT[dtype]:.1e}"
-    assert _same_bits(tk.matmul(a, b), tk.matmul(a, b))
+
+
+def _matmul_tma_with(config, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, device=a.device, dtype=a.dtype)
+    meta = config.kwargs
+    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    set_scratch_allocator()
+    matmul_module.matmul_tma_kernel[(min(tiles, sm_count(a.device.index)),)](
+        a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0),
+        A_COLUMN_MAJOR=False, B_COLUMN_MAJOR=False, UPCAST_OPERANDS=False,
+        **meta, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_matmul_tma_configurations_agree(dtype):
+    """The TMA kernel's autotune candidates (Hopper and newer) against each other and the pointer kernel."""
+    a, b = randn("cuda", 1000, 4096, dtype=dtype), randn("cuda", 4096, 1032, dtype=dtype)
+    if not matmul_module.tma_available(a.device):
+        pytest.skip("needs a GPU with TMA (Hopper or newer)")
+    results = {"pointer kernel": _matmul_with(matmul_module._CONFIGS[0], a, b)}
+    for config in matmul_module._TMA_CONFIGS:
+        results[str(config)] = _matmul_tma_with(config, a, b)
+    _assert_configurations_agree(results, a, b, dtype)
