@@ -10,7 +10,11 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import _allocation
+
+try:  # where Triton keeps the current allocator (3.4 to 3.9 at least); private, so looked up with care
+    from triton.runtime._allocation import NullAllocator, _allocator
+except ImportError:  # pragma: no cover
+    NullAllocator = _allocator = None
 
 
 def kind(device: torch.device) -> str:
@@ -44,5 +48,5 @@ def set_scratch_allocator() -> None:
     Inductor sets its own before launching compiled code, and a caller's own
     allocator is left alone.  The setting is per thread (a context variable).
     """
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if _allocator is None or isinstance(_allocator.get(), NullAllocator):
         triton.set_allocator(_scratch)

@@ -1,10 +1,14 @@
 """The fast launch path: its key must separate every argument Triton compiles differently."""
 
+import contextvars
+
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from reference import assert_close
 
+from ops import _device
 from ops import gelu as gelu_module
 from ops import matmul as matmul_module
 from ops._launch import FastKernel, _hooks_in_use, fast_kernel, specialization_key
@@ -75,3 +79,27 @@ def test_fast_launches_of_the_autotuned_matmul_follow_each_shape():
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         assert_close(torch.ops.tk.matmul(a, b), a.double() @ b.double(), torch.bfloat16)
     assert fast.binaries, _state()
+
+
+def test_scratch_allocator_is_set_only_where_none_is():
+    """The TMA matmul needs a Triton allocator: tk sets its own where the default
+    (which refuses) is current, and leaves a caller's own alone."""
+
+    def current():
+        return _device._allocator.get()
+
+    def with_default():
+        assert isinstance(current(), _device.NullAllocator)
+        _device.set_scratch_allocator()
+        return current()
+
+    def with_callers_own():
+        def own(size, alignment, stream):
+            raise AssertionError("not called here")
+
+        triton.set_allocator(own)
+        _device.set_scratch_allocator()
+        return current() is own
+
+    assert contextvars.Context().run(with_default) is _device._scratch
+    assert contextvars.Context().run(with_callers_own)
