@@ -270,12 +270,17 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> int:
     return 1 if batch_b is None else batch_b
 
 
+def _programs_at_once(device: torch.device) -> int:
+    """Programs that fill the device once: its SMs, or the interpreter's few pretend ones."""
+    return sm_count(device.index) if kind(device) == "cuda" else _CPU_PROGRAMS
+
+
 def _split_k(M: int, N: int, K: int, batch: int, device: torch.device) -> int:
     """How many slices K is split into: 1 (no split) unless C is too small to fill the GPU."""
     where = kind(device)
     tile_m, tile_n = _SPLIT_TILE[where]
     tiles = cdiv(M, tile_m) * cdiv(N, tile_n) * batch
-    sms = sm_count(device.index) if where == "cuda" else _CPU_PROGRAMS
+    sms = _programs_at_once(device)
     if tiles * 2 > sms:  # at least half the SMs busy already
         return 1
     return max(1, min(sms // tiles, K // _MIN_SPLIT_K[where], _MAX_SPLIT))
@@ -364,9 +369,8 @@ def _tma_layouts(a: torch.Tensor, b: torch.Tensor, M: int, N: int, split: int):
         return None
     if not tma_available(a.device) or (N * a.element_size()) % _TMA_BYTES_ALIGNED:  # N: C's row stride
         return None
-    where = kind(a.device)
-    tile = _TMA_MIN_TILE[where]
-    if cdiv(M, tile) * cdiv(N, tile) < (sm_count(a.device.index) if where == "cuda" else _CPU_PROGRAMS):
+    tile = _TMA_MIN_TILE[kind(a.device)]
+    if cdiv(M, tile) * cdiv(N, tile) < _programs_at_once(a.device):
         return None
     layout_a, layout_b = _tma_layout(a), _tma_layout(b)
     return None if layout_a is None or layout_b is None else (layout_a, layout_b)
@@ -378,20 +382,19 @@ def _launch_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, layout_a, lay
     N = b.shape[1]
     args = (a, b, c, M, N, K, stride_a, stride_b, c.stride(0))
     flags = {"A_COLUMN_MAJOR": a_column_major, "B_COLUMN_MAJOR": b_column_major}
+    programs = _programs_at_once(a.device)
+
+    def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles
+        return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+
     if on_cuda(a):
-        programs = sm_count(a.device.index)
-
-        def grid(meta):
-            return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
-
         set_scratch_allocator()
         launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags, UPCAST_OPERANDS=False)
     else:
-        blocks = _CPU_BLOCKS
-        grid = (min(_CPU_PROGRAMS, cdiv(M, blocks["BLOCK_M"]) * cdiv(N, blocks["BLOCK_N"])),)
-        launcher(matmul_tma_kernel, a)[grid](
-            *args, **flags, UPCAST_OPERANDS=a.dtype == torch.bfloat16, STORE_HALVES=True, WARP_SPECIALIZE=False, **blocks
-        )
+        launcher(matmul_tma_kernel, a)[grid(_CPU_BLOCKS)](
+            *args, **flags, UPCAST_OPERANDS=a.dtype == torch.bfloat16, STORE_HALVES=True, WARP_SPECIALIZE=False,
+            **_CPU_BLOCKS,
+        )  # fmt: skip
 
 
 def _sum_slices(partial: torch.Tensor, c: torch.Tensor, split: int) -> None:
