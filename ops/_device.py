@@ -28,6 +28,19 @@ def sm_count(index: int | None) -> int:
 
 
 @functools.cache
+def resident_programs_per_sm(index: int | None, num_warps: int, registers: int) -> int:
+    """How many programs of num_warps warps, each thread capped at `registers`, one SM runs at once.
+
+    The limits that bind for register-heavy kernels: the register file (64K
+    32-bit registers on every NVIDIA GPU since Maxwell, where torch does not
+    report it) and the threads an SM holds."""
+    props = torch.cuda.get_device_properties(index)
+    register_file = getattr(props, "regs_per_multiprocessor", 65536)
+    threads = 32 * num_warps
+    return min(register_file // (registers * threads), props.max_threads_per_multi_processor // threads)
+
+
+@functools.cache
 def tma_available(device: torch.device) -> bool:
     """Whether kernels may use TMA tensor descriptors on ``device``: a Hopper or newer GPU, and a Triton that has them."""
     if device.type != "cuda":

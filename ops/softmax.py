@@ -23,6 +23,17 @@ Three designs, picked by row length and row count:
   of its row, M = max(m_i) and S = sum(s_i * exp(m_i - M)), the same
   rescaling as the online sum, and writes its segment.  The backward splits
   the same way: partial sums of dy * y, then dx.
+* on CUDA, rows longer than a block are usually *held on chip across
+  programs* instead: each program of a persistent grid keeps one segment of
+  a row in registers, publishes its partial, waits until every segment of
+  the row has published (a counter per row), combines the partials and
+  writes its segment from the registers.  x is read once, as in the
+  one-block design, where the two designs above read it twice (an H100's
+  L2 does not keep the first read: 60-70% of copy bandwidth).  The
+  programs of a row must run at the same time, so the grid is sized to
+  what fits on the GPU at once; a program that waits too long computes
+  the missing partials itself, so the result never depends on scheduling
+  and the kernel cannot hang.
 """
 
 from dataclasses import dataclass
@@ -31,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import kind as _kind, sm_count as _sm_count
+from ._device import kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import cdiv, next_power_of_2
 from ._registry import SPECS, OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
@@ -76,15 +87,32 @@ def _finite_or_zero(row_max):
 
 
 @triton.jit
+def _block_max_sum(x):
+    """max and sum(exp(x - max)) of one block (-inf lanes add exp(-inf) = 0)."""
+    block_max = tl.max(x, axis=0)
+    return block_max, tl.sum(tl.exp(x - _finite_or_zero(block_max)), axis=0)
+
+
+@triton.jit
+def _combine_partials(part_max, part_sum):
+    """A row's max and sum from its parts' (max, sum): each part's sum is
+    rescaled from its own max to the row's, as the online sum does.  A part
+    of -inf only (and a padding lane) has max -inf and sum 0: exp(-inf - M)
+    = 0 keeps it out.  An all -inf row has M = -inf: exp(-inf - -inf) is NaN,
+    so the sum and the row are NaN, as in torch.softmax."""
+    row_max = tl.max(part_max, axis=0)
+    return row_max, tl.sum(part_sum * tl.exp(part_max - row_max), axis=0)
+
+
+@triton.jit
 def _online_max_sum(x_ptr, start, first, end, inner, BLOCK_SIZE: tl.constexpr):
     """max and sum(exp(x - max)) of columns [first, end) of a row, in one sweep."""
     cols = first + tl.arange(0, BLOCK_SIZE)
     # The first chunk starts the running max and sum, so they take the compute
     # dtype (float32, or float64) from the data: Triton on CUDA refuses a loop
     # variable whose type would change from float32 to float64 inside the loop.
-    x = _load_row(x_ptr, start, cols, end, inner, -float("inf"))  # -inf lanes add exp(-inf) = 0
-    run_max = tl.max(x, axis=0)
-    run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)), axis=0)
+    x = _load_row(x_ptr, start, cols, end, inner, -float("inf"))
+    run_max, run_sum = _block_max_sum(x)
     for chunk in range(first + BLOCK_SIZE, end, BLOCK_SIZE):
         x = _load_row(x_ptr, start, chunk + tl.arange(0, BLOCK_SIZE), end, inner, -float("inf"))
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
@@ -260,12 +288,7 @@ def softmax_normalize_segments_kernel(
     row, segment = _reversed_program()
     seg_max = _row_partials(max_ptr, row, -float("inf"), SEGMENTS_BLOCK)
     seg_sum = _row_partials(sum_ptr, row, 0.0, SEGMENTS_BLOCK)
-    row_max = tl.max(seg_max, axis=0)
-    # Rescale each segment's sum from its own max to the row's, as the online
-    # sum does.  A segment of -inf only (and a padding lane) has max -inf and
-    # sum 0: exp(-inf - M) = 0 keeps it out.  An all -inf row has M = -inf:
-    # exp(-inf - -inf) is NaN, so S and the row are NaN, as in torch.softmax.
-    row_sum = tl.sum(seg_sum * tl.exp(seg_max - row_max), axis=0)
+    row_max, row_sum = _combine_partials(seg_max, seg_sum)
     first, end = _segment(segment, segment_len, n_cols)
     _write_softmax(x_ptr, y_ptr, _row_start(row, n_cols, inner), first, end, inner, row_max, row_sum, BLOCK_SIZE)
 
@@ -288,6 +311,143 @@ def softmax_backward_segments_kernel(
     dot = tl.sum(_row_partials(dot_ptr, row, 0.0, SEGMENTS_BLOCK), axis=0)
     first, end = _segment(segment, segment_len, n_cols)
     _write_dx(dy_ptr, y_ptr, dx_ptr, _row_start(row, n_cols, inner), first, end, inner, dot, BLOCK_SIZE)
+
+
+# --------------------------------------------------------------------------
+# Rows held on chip across programs: a persistent grid, one segment of a row
+# per program, partials in an (n_rows, n_segments) scratch and a counter per
+# row.  Program p always takes segment p % n_segments, of rows p //
+# n_segments, then rows_at_once further on, and so on: all programs of a row
+# are in the same round, so no program ever waits for one that is still
+# busy with a later row.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _cooperative_program(n_segments, SEGMENT: tl.constexpr):
+    """This program's segment, its columns and its first row."""
+    pid = tl.program_id(0)
+    segment = pid % n_segments
+    return segment, segment * SEGMENT + tl.arange(0, SEGMENT), pid.to(tl.int64) // n_segments
+
+
+@triton.jit
+def _arrive(arrived_ptr, row):
+    """Count this program's partial of `row` as published; how many have been, this one included.
+
+    The barrier orders every thread's store of the partial before the
+    counter's release: whoever sees the count also sees the partials."""
+    tl.debug_barrier()
+    return tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+
+
+@triton.jit
+def _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
+    """Wait until all n_segments partials of `row` are published; False if max_spins polls were not enough.
+
+    The grid is sized so that every program runs at once and the wait is
+    short (microseconds).  If the GPU runs fewer at once (another process
+    holds SMs, a GPU with fewer registers), a program gives up after
+    max_spins polls and its caller computes the partials itself."""
+    spins = 0
+    while (seen < n_segments) & (spins < max_spins):
+        seen = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+        spins += 1
+    return seen >= n_segments
+
+
+@triton.jit
+def _published(ptr, row, n_segments, other, SEGMENTS_BLOCK: tl.constexpr):
+    """All published partials of `row`; read from L2 (`.cg`), where other SMs wrote them."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    return tl.load(ptr + row * n_segments + segments, mask=segments < n_segments, other=other, cache_modifier=".cg")
+
+
+@triton.jit
+def _load_row_or_nothing(x_ptr, row, n_rows, cols, n_cols, inner):
+    """The row's columns `cols`; all -inf (nothing read) when row >= n_rows."""
+    end = tl.where(row < n_rows, n_cols, 0)
+    return _load_row(x_ptr, _row_start(row, n_cols, inner), cols, end, inner, -float("inf"))
+
+
+@triton.jit
+def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):
+    """Every segment's (max, sum) of a row, computed by this program: the same
+    code on the same blocks as the programs that own them, so the same bits."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    part_max = tl.full((SEGMENTS_BLOCK,), -float("inf"), tl.float32)
+    part_sum = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
+    for segment in range(0, n_segments):
+        x = _load_row(x_ptr, start, segment * SEGMENT + tl.arange(0, SEGMENT), n_cols, inner, -float("inf"))
+        seg_max, seg_sum = _block_max_sum(x)
+        part_max = tl.where(segments == segment, seg_max, part_max)
+        part_sum = tl.where(segments == segment, seg_sum, part_sum)
+    return part_max, part_sum
+
+
+@triton.jit
+def softmax_forward_cooperative_kernel(
+    x_ptr, y_ptr, max_ptr, sum_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr,
+):
+    """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y."""
+    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    x = _load_row_or_nothing(x_ptr, first_row, n_rows, cols, n_cols, inner)
+    for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        start = _row_start(row, n_cols, inner)
+        seg_max, seg_sum = _block_max_sum(x)
+        tl.store(max_ptr + row * n_segments + segment, seg_max)
+        tl.store(sum_ptr + row * n_segments + segment, seg_sum)
+        seen = _arrive(arrived_ptr, row)
+        # The next round's segment streams in while this program waits for the
+        # others: without it the SM reads nothing during the wait.
+        x_next = _load_row_or_nothing(x_ptr, row + rows_at_once, n_rows, cols, n_cols, inner)
+        if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
+            part_max = _published(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
+            part_sum = _published(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+        else:
+            part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
+            # Read x again rather than keep it in registers through the loop above.
+            x = _load_row(x_ptr, start, cols, n_cols, inner, -float("inf"))
+        row_max, row_sum = _combine_partials(part_max, part_sum)
+        _store_row(y_ptr, start, cols, n_cols, inner, tl.exp(x - row_max) / row_sum)
+        x = x_next
+
+
+@triton.jit
+def _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT: tl.constexpr):
+    """dy and y at columns `cols` of a row, as stored, and sum(dy * y) over them (see softmax_backward_kernel)."""
+    offsets = _offsets(start, cols, inner)
+    dy = tl.load(dy_ptr + offsets, mask=cols < n_cols, other=0.0)
+    y = tl.load(y_ptr + offsets, mask=cols < n_cols, other=0.0)
+    return dy, y, tl.sum(_rounded_product(dy, y, NATIVE_16BIT), axis=0)
+
+
+@triton.jit
+def softmax_backward_cooperative_kernel(
+    dy_ptr, y_ptr, dx_ptr, dot_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr,
+):
+    """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx."""
+    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        start = _row_start(row, n_cols, inner)
+        dy, y, seg_dot = _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT)
+        tl.store(dot_ptr + row * n_segments + segment, seg_dot)
+        seen = _arrive(arrived_ptr, row)
+        if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
+            part_dot = _published(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+        else:
+            segments = tl.arange(0, SEGMENTS_BLOCK)
+            part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
+            for other in range(0, n_segments):
+                _, _, other_dot = _segment_dot(dy_ptr, y_ptr, start, other * SEGMENT + tl.arange(0, SEGMENT), n_cols, inner, NATIVE_16BIT)
+                part_dot = tl.where(segments == other, other_dot, part_dot)
+            dy, y, _ = _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT)  # read again, as in the forward
+        dot = tl.sum(part_dot, axis=0)
+        _store_row(dx_ptr, start, cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
 
 
 # --------------------------------------------------------------------------
@@ -315,6 +475,44 @@ _CPU_PROGRAMS = 8  # the interpreter: a small target, so CPU tests reach the spl
 _MIN_SEGMENT_CHUNKS = 4  # the shortest segment, in chunks
 
 
+# Rows held on chip across programs (CUDA, 16- and 32-bit; see
+# softmax_forward_cooperative_kernel).  Each program keeps a segment of 8192
+# columns on 8 warps, 32 a thread.  The register cap sets how many programs
+# share an SM, and so the bytes each SM has in flight while its programs wait
+# for each other: the number that decided the design.  Probe on an H100, % of
+# copy at 1024x65536 / 256x262144 / 64x1048576 / 600x131072, against 60-70%
+# for the two-read designs:
+#   forward bf16: 3 programs an SM at 80 registers 73 / 77 / 72 / 75 (2 at
+#   128: 62 / 63 / 58 / 64); float32: 2 at 128 registers 84 / 86 / 82 / 85;
+#   backward bf16 2 at 128: 83 / 67 / 72 / 84, float32 94 / 91 / 82 / 95.
+# The forward loads the next round's segment before it waits (without that,
+# bf16 reached 46-49%).  The interpreter runs one program after another, so
+# no program there could ever see another's partial: off on CPU, except in
+# tests, which then take the path that computes the partials itself.
+_COOPERATIVE_ROWS = {"cuda": True, "cpu": False}
+_SEGMENT = {"cuda": 8192, "cpu": 32}
+_COOPERATIVE_WARPS = 8
+_MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's counter before computing its partials here
+
+
+@dataclass(frozen=True)
+class _Cooperative:
+    kernel: object  # the kernel with its launch config: 8 warps, registers capped
+    registers: int  # the cap, per thread
+    programs_per_sm: int  # wanted; fewer where the SM holds fewer
+
+
+def _cooperative(kernel, registers: int, programs_per_sm: int) -> _Cooperative:
+    # A one-config autotune only carries the register cap (maxnreg), which a
+    # launch argument would not carry through torch.compile.
+    config = triton.Config({}, num_warps=_COOPERATIVE_WARPS, maxnreg=registers)
+    return _Cooperative(triton.autotune(configs=[config], key=[])(kernel), registers, programs_per_sm)
+
+
+_COOPERATIVE_FORWARD = {2: _cooperative(softmax_forward_cooperative_kernel, 80, 3), 4: _cooperative(softmax_forward_cooperative_kernel, 128, 2)}
+_COOPERATIVE_BACKWARD = {size: _cooperative(softmax_backward_cooperative_kernel, 128, 2) for size in (2, 4)}
+
+
 @dataclass(frozen=True)
 class _Kernels:
     """One direction's kernels, a design each (see the module docstring)."""
@@ -324,6 +522,7 @@ class _Kernels:
     partials: object  # split rows, pass 1: (inputs..., partials..., n_cols, inner, segment_len)
     finish: object  # split rows, pass 2: (inputs..., output, partials..., n_cols, inner, segment_len)
     n_partials: int  # scratch tensors pass 1 fills
+    cooperative: dict  # element size -> _Cooperative: rows held on chip across programs (none for float64)
 
 
 _FORWARD = _Kernels(
@@ -332,6 +531,7 @@ _FORWARD = _Kernels(
     partials=softmax_partial_stats_kernel,
     finish=softmax_normalize_segments_kernel,
     n_partials=2,  # max and sum
+    cooperative=_COOPERATIVE_FORWARD,
 )
 _BACKWARD = _Kernels(
     single=softmax_backward_kernel,
@@ -339,6 +539,7 @@ _BACKWARD = _Kernels(
     partials=softmax_backward_partial_dot_kernel,
     finish=softmax_backward_segments_kernel,
     n_partials=1,  # sum(dy * y)
+    cooperative=_COOPERATIVE_BACKWARD,
 )
 
 
@@ -365,6 +566,40 @@ def _split(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int]:
     return cdiv(n_cols, segment_len), segment_len  # rounding up may leave fewer segments
 
 
+def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int] | None:
+    """(n_segments, rows_at_once) for rows held on chip across programs; None where they cannot be.
+
+    The grid is what the GPU runs at once; a row's segments must all be in
+    it, so rows of more segments than that (past about 3 million columns on
+    an H100) are split instead.  Rows are spread over rounds as evenly as
+    the grid allows, so the last round is not a sliver."""
+    kind = _kind(device)
+    if not _COOPERATIVE_ROWS[kind]:
+        return None
+    if kind == "cuda":
+        per_sm = min(setup.programs_per_sm, resident_programs_per_sm(device.index, _COOPERATIVE_WARPS, setup.registers))
+        programs = per_sm * _sm_count(device.index)
+    else:
+        programs = _CPU_PROGRAMS
+    n_segments = cdiv(n_cols, _SEGMENT[kind])
+    if n_segments > programs:
+        return None
+    rounds = cdiv(n_rows, min(programs // n_segments, n_rows))
+    return n_segments, cdiv(n_rows, rounds)
+
+
+def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inner, **flags):
+    like = tensors[-1]
+    n_rows, kind = like.numel() // n_cols, _kind(like.device)
+    n_segments, rows_at_once = plan
+    partials = [torch.empty(n_rows, n_segments, dtype=torch.float32, device=like.device) for _ in range(n_partials)]
+    arrived = torch.zeros(n_rows, dtype=torch.int32, device=like.device)
+    launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
+        *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
+        SEGMENT=_SEGMENT[kind], SEGMENTS_BLOCK=next_power_of_2(n_segments), **flags,
+    )
+
+
 def _launch(kernels: _Kernels, tensors, n_cols, inner):
     """Launch the design that fits the row length and count; tensors: inputs..., output."""
     like = tensors[-1]
@@ -377,6 +612,10 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     if kernels is _BACKWARD and like.element_size() == 2 and block <= _MAX_BLOCK[kind] * _BACKWARD_16BIT_ROWS[kind]:
         # 16-bit rows held in their storage dtype (see softmax_backward_kernel): 128 elements a thread.
         return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=block, num_warps=block // 4096, **flags)
+    setup = kernels.cooperative.get(like.element_size())
+    plan = _cooperative_plan(setup, n_rows, n_cols, like.device) if setup is not None else None
+    if plan is not None:
+        return _run_cooperative(setup, plan, kernels.n_partials, tensors, n_cols, inner, **flags)
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])

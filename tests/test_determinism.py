@@ -53,6 +53,20 @@ def small_softmax_blocks():
         yield
 
 
+@contextlib.contextmanager
+def cooperative_rows_on_cpu():
+    """Rows held across programs on CPU too (the interpreter: each program computes its row's partials)."""
+    with small_softmax_blocks(), mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": True}):
+        yield
+
+
+@contextlib.contextmanager
+def without_cooperative_rows():
+    """CUDA rows past a block take the designs that read x twice, as float64 rows and the longest rows do."""
+    with mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cuda": False}):
+        yield
+
+
 @dataclass(frozen=True)
 class Repeat:
     name: str
@@ -61,6 +75,7 @@ class Repeat:
     deterministic: bool = True
     drift: float | None = None  # for the others: max relative norm difference to the first run
     context: Callable = contextlib.nullcontext  # around the CPU runs
+    cuda_context: Callable = contextlib.nullcontext  # around the CUDA runs
 
 
 def sized(device, cpu, cuda):
@@ -80,10 +95,11 @@ def with_grads(fn, *inputs, seed=1):
     return (out.detach(), *torch.autograd.grad(out, leaves, weight))
 
 
-SOFTMAX_DESIGNS = {  # (rows, columns) reaching each design: CPU with small_softmax_blocks, CUDA as it is
-    "one block": ((7, 50), (4096, 1024)),
-    "looped": ((9, 70), (1024, 65536)),
-    "split rows": ((3, 200), (64, 1 << 20)),
+SOFTMAX_DESIGNS = {  # (rows, columns) on CPU and on CUDA reaching each design, and the contexts that do it
+    "one block": ((7, 50), (4096, 1024), small_softmax_blocks, contextlib.nullcontext),
+    "looped": ((9, 70), (1024, 65536), small_softmax_blocks, without_cooperative_rows),
+    "split rows": ((3, 200), (64, 1 << 20), small_softmax_blocks, without_cooperative_rows),
+    "rows across programs": ((5, 100), (1024, 65536), cooperative_rows_on_cpu, contextlib.nullcontext),
 }
 
 REPEATS = [
@@ -96,10 +112,10 @@ REPEATS = [
     ],
     *[
         Repeat(f"softmax {design} {str(dtype)[6:]}",
-               lambda d, shapes=shapes, dtype=dtype: (randn(d, *sized(d, *shapes), dtype=dtype),),
+               lambda d, cpu=cpu, cuda=cuda, dtype=dtype: (randn(d, *sized(d, cpu, cuda), dtype=dtype),),
                lambda x: with_grads(lambda t: tk.softmax(t, -1), x),
-               context=small_softmax_blocks)
-        for design, shapes in SOFTMAX_DESIGNS.items()
+               context=cpu_context, cuda_context=cuda_context)
+        for design, (cpu, cuda, cpu_context, cuda_context) in SOFTMAX_DESIGNS.items()
         for dtype in (torch.float32, torch.bfloat16)
     ],
     Repeat("softmax along dim 0", lambda d: (randn(d, *sized(d, (100, 3), (3001, 4099))),),
@@ -158,7 +174,7 @@ def assert_repeatable(name, results, deterministic=True, drift=None):
 @pytest.mark.parametrize("case", REPEATS, ids=[r.name for r in REPEATS])
 def test_same_input_same_bits(case, device):
     args = case.make(device)
-    with case.context() if device == "cpu" else contextlib.nullcontext():
+    with case.context() if device == "cpu" else case.cuda_context():
         results = repeat(case.call, args, RUNS[device])
     assert all(torch.isfinite(t).all() for t in results[0]), f"{case.name}: non-finite output on a finite input"
     assert_repeatable(case.name, results, case.deterministic, case.drift)

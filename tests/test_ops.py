@@ -160,8 +160,23 @@ def launched(monkeypatch):
         names.append(kernel.__name__)
         return run(kernel, *args, **kwargs)
 
+    run_cooperative = softmax_ops._run_cooperative
+
+    def spy_cooperative(setup, *args, **kwargs):
+        names.append(setup.kernel.fn.__name__)
+        return run_cooperative(setup, *args, **kwargs)
+
     monkeypatch.setattr(softmax_ops, "_run", spy)
+    monkeypatch.setattr(softmax_ops, "_run_cooperative", spy_cooperative)
     return names
+
+
+@pytest.fixture
+def cooperative_rows(monkeypatch):
+    """Rows held across programs on CPU too (segments of 32 columns, 8 programs).
+    The interpreter runs programs one at a time, so each computes its row's
+    partials itself: the path a GPU program takes when the others do not come."""
+    monkeypatch.setitem(softmax_ops._COOPERATIVE_ROWS, "cpu", True)
 
 
 DESIGN_KERNELS = {  # forward, then backward
@@ -173,6 +188,7 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_partial_dot_kernel",
         "softmax_backward_segments_kernel",
     ],
+    "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_cooperative_kernel"],
 }
 
 
@@ -211,6 +227,21 @@ def test_softmax_split_rule(monkeypatch):
             assert (n_segments - 1) * segment_len < n_cols <= n_segments * segment_len  # none empty, all covered
 
 
+def check_softmax_and_gradient(softmax, x, dim):
+    """softmax(x, dim) and its gradient for a random upstream gradient, against
+    float64; returns the output, that gradient and the input's gradient."""
+    grad = torch.randn_like(x)
+    x_tk = x.clone().requires_grad_()
+    y = softmax(x_tk, dim)
+    y.backward(grad)
+    x64 = leaf64(x)
+    y64 = torch.softmax(x64, dim)
+    y64.backward(grad.double())
+    assert_close(y, y64, x.dtype)
+    assert_close(x_tk.grad, x64.grad, x.dtype, scale=2)
+    return y.detach(), grad, x_tk.grad
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_designs_match_float64(small_blocks, launched, dtype):
     cases = [
@@ -223,16 +254,7 @@ def test_softmax_designs_match_float64(small_blocks, launched, dtype):
     ]
     for shape, dim, design in cases:
         launched.clear()
-        x = (4 * torch.randn(shape)).to(dtype)
-        grad = torch.randn_like(x)
-        x_tk = x.clone().requires_grad_()
-        y = torch.ops.tk.softmax(x_tk, dim)
-        y.backward(grad)
-        x64 = leaf64(x)
-        y64 = torch.softmax(x64, dim)
-        y64.backward(grad.double())
-        assert_close(y, y64, dtype)
-        assert_close(x_tk.grad, x64.grad, dtype, scale=2)
+        check_softmax_and_gradient(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(dtype), dim)
         assert launched == DESIGN_KERNELS[design], shape
 
 
@@ -264,6 +286,123 @@ def test_softmax_split_gradcheck(small_blocks, launched):
         x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
         assert torch.autograd.gradcheck(lambda t: torch.ops.tk.softmax(t, dim), (x,), fast_mode=True)
     assert set(launched) == set(DESIGN_KERNELS["split"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_cooperative_rows_match_float64(small_blocks, cooperative_rows, launched, dtype):
+    cases = [  # 8 programs, segments of 32 columns
+        ((5, 100), -1),  # 4 segments, the last of 4 columns; 2 rows a round, 3 rounds
+        ((3, 256), -1),  # 8 segments exactly: one row a round
+        ((1, 250), -1),  # one row
+        ((2, 100, 3), 1),  # a non-last dim, elements 3 apart
+        ((7, 65), -1),  # 3 segments, the last of one column; 2 rows a round, the last round 1
+    ]
+    for shape, dim in cases:
+        launched.clear()
+        check_softmax_and_gradient(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(dtype), dim)
+        expected = DESIGN_KERNELS["cooperative"] if dtype != torch.float64 else DESIGN_KERNELS["split"]  # no float64 setup
+        assert launched == expected, (shape, launched)
+
+
+def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks, cooperative_rows, launched):
+    x = torch.randn(8, 100)  # segments [0, 32), [32, 64), [64, 96), [96, 100)
+    x[0] = -float("inf")  # all -inf: NaN, as in torch.softmax
+    x[1, :32] = -float("inf")  # a whole segment -inf
+    x[2, 96:] = -float("inf")  # the short last one
+    x[3, :98] = -float("inf")  # only a part of the last segment counts
+    x[4] = x[4] * 1e30  # each segment's max far from the others'
+    x[5, 50] = 1e38  # one value dominates
+    x[6] = x[6] - 1e4  # far below 0: a padding lane of the partials must not count as 0
+    y = torch.ops.tk.softmax(x, -1)
+    torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
+    assert y[0].isnan().all() and not y[1:].isnan().any()
+    assert launched == DESIGN_KERNELS["cooperative"][:1]
+
+
+def _cooperative_twice(kernel_name, tensors, n_partials, n_cols):
+    """Launch a cooperative kernel on CPU twice over the same scratch: first no
+    program waits (each computes and publishes), then every program finds all
+    partials of its rows published and combines those.  Both outputs."""
+    n_rows = tensors[-1].numel() // n_cols
+    setup = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[kernel_name][4]
+    n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
+    partials = [torch.full((n_rows, n_segments), float("nan")) for _ in range(n_partials)]
+    arrived = torch.zeros(n_rows, dtype=torch.int32)
+    flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
+    outputs = []
+    for max_spins in (0, 1):
+        tensors[-1].fill_(float("nan"))
+        softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
+            *tensors, *partials, arrived, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
+            SEGMENT=softmax_ops._SEGMENT["cpu"], SEGMENTS_BLOCK=softmax_ops.next_power_of_2(n_segments), **flags,
+        )
+        outputs.append(tensors[-1].clone())
+    assert (arrived == 2 * n_segments).all()  # each program counted itself in once per launch
+    return outputs
+
+
+def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows):
+    """The path a GPU takes when all programs run at once (partials read from the
+    scratch) and the one it takes when they do not (computed here): same bits."""
+    x = 4 * torch.randn(5, 100)
+    computed, published = _cooperative_twice("forward", (x, torch.empty_like(x)), 2, 100)
+    assert torch.equal(computed, published)
+    assert_close(published, torch.softmax(x.double(), -1), torch.float32)
+    grad, y = torch.randn(5, 100), torch.softmax(x, -1)
+    computed, published = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 1, 100)
+    assert torch.equal(computed, published)
+    assert_close(published, y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), torch.float32)
+
+
+def test_softmax_cooperative_rule(monkeypatch):
+    """The grid is what the GPU runs at once; the rows are spread evenly over rounds."""
+    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
+    from ops._device import resident_programs_per_sm
+
+    resident_programs_per_sm.cache_clear()
+    try:
+        assert resident_programs_per_sm(0, 8, 80) == 3  # 65536 registers // (80 * 256)
+        assert resident_programs_per_sm(0, 8, 128) == 2
+        assert resident_programs_per_sm(0, 2, 32) == 32  # the thread limit: 2048 // 64
+        monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)
+        cuda = torch.device("cuda", 0)
+        bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
+        assert softmax_ops._SEGMENT["cuda"] == 8192  # the numbers below follow from it
+        assert softmax_ops._cooperative_plan(bf16, 1024, 65536, cuda) == (8, 49)  # 396 programs: 21 rounds of 49 rows
+        assert softmax_ops._cooperative_plan(fp32, 1024, 65536, cuda) == (8, 32)  # 264 programs: 32 rounds of 32
+        assert softmax_ops._cooperative_plan(bf16, 64, 1 << 20, cuda) == (128, 3)  # 3 rows at once: 22 rounds
+        assert softmax_ops._cooperative_plan(fp32, 5, 40000, cuda) == (5, 5)  # fewer rows than the grid holds
+        assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192, cuda) == (396, 1)  # the longest row held
+        assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192 + 1, cuda) is None  # longer: split rows
+        assert softmax_ops._cooperative_plan(bf16, 8, 1 << 20, torch.device("cpu")) is None  # off on CPU
+        assert 8 not in softmax_ops._COOPERATIVE_FORWARD  # float64 keeps the other designs
+    finally:
+        resident_programs_per_sm.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
+    """Rows held across programs on the GPU: rows not cut evenly by segments, one
+    row and many, a strided dim; the path that computes partials itself gives
+    the same bits; and torch.compile launches the kernels too."""
+    # Past 65536 columns: 16-bit rows up to there take the one-block backward.
+    cases = [((300, 70001), -1), ((3, (1 << 20) + 3), -1), ((66000, 5), 0), ((1000, 66000), -1)]
+    for shape, dim in cases:
+        launched.clear()
+        x = (4 * torch.randn(shape, device="cuda")).to(dtype)
+        y, grad, dx = check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
+        assert launched == DESIGN_KERNELS["cooperative"], (shape, launched)
+        with monkeypatch.context() as patch:  # no program waits: each computes its row's partials
+            patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
+            assert torch.equal(torch.ops.tk.softmax(x, dim), y)
+            assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
+    compiled = torch.compile(lambda t, dim: torch.ops.tk.softmax(t, dim), fullgraph=True)
+    launched.clear()
+    check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
+    # Traced for Inductor: the forward on every compile; the backward's trace may come from Inductor's cache.
+    assert launched[:1] == DESIGN_KERNELS["cooperative"][:1], launched
 
 
 # --------------------------------------------------------------------- matmul
