@@ -308,6 +308,8 @@ class SoftmaxDesign:
     chunk: int
     min_segment_chunks: int
     programs: int
+    cooperative: bool  # rows past a block held across programs (on CPU: each computes its row's partials)
+    segment: int
 
     @contextlib.contextmanager
     def applied(self):
@@ -316,6 +318,8 @@ class SoftmaxDesign:
             mock.patch.dict(softmax_module._CHUNK, {"cpu": self.chunk}),
             mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", self.min_segment_chunks),
             mock.patch.object(softmax_module, "_CPU_PROGRAMS", self.programs),
+            mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": self.cooperative}),
+            mock.patch.dict(softmax_module._SEGMENT, {"cpu": self.segment}),
         ):
             yield
 
@@ -344,6 +348,8 @@ def softmax_cases(draw, device):
             chunk=draw(st.sampled_from([16, 32])),
             min_segment_chunks=draw(st.sampled_from([1, 2])),
             programs=draw(st.sampled_from([1, 8, 21])),
+            cooperative=draw(st.booleans()),
+            segment=draw(st.sampled_from([16, 32])),
         )
     return dtype, dim, design, draw(inputs(shape))
 
