@@ -8,7 +8,7 @@ outer * inner rows is reduced on its own, its elements `inner` apart in
 memory (inner == 1 for the last dim, the common case, which Triton
 specializes away).
 
-Three designs, picked by row length and row count:
+Four designs, picked by row length, row count, dtype and device:
 * the row fits in one block: one program per row loads it once, reduces in
   registers and writes it: one read and one write per element, the minimum;
 * longer rows (no limit on the length), enough of them to fill the GPU: one
