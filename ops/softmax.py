@@ -244,9 +244,9 @@ def _segment(segment, segment_len, n_cols):
 
 
 @triton.jit
-def _partial_at(row, segment):
-    """Where the partial of (row, segment) lies in the scratch."""
-    return row * tl.num_programs(1) + segment
+def _partial_at(row, segment, n_segments):
+    """Where the partial of (row, segment) lies in an (n_rows, n_segments) scratch."""
+    return row * n_segments + segment
 
 
 @triton.jit
@@ -264,10 +264,12 @@ def _reversed_program():
 
 
 @triton.jit
-def _row_partials(ptr, row, other, SEGMENTS_BLOCK: tl.constexpr):
-    """All partials of `row` in one masked block (lanes past the last segment: `other`)."""
+def _row_partials(ptr, row, n_segments, other, SEGMENTS_BLOCK: tl.constexpr):
+    """All partials of `row` in one masked block (lanes past the last segment: `other`).
+    Read from L2 (`.cg`): other programs, on other SMs, wrote them."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
-    return tl.load(ptr + _partial_at(row, segments), mask=segments < tl.num_programs(1), other=other)
+    offsets = _partial_at(row, segments, n_segments)
+    return tl.load(ptr + offsets, mask=segments < n_segments, other=other, cache_modifier=".cg")
 
 
 @triton.jit
@@ -276,8 +278,9 @@ def softmax_partial_stats_kernel(x_ptr, max_ptr, sum_ptr, n_cols, inner, segment
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     seg_max, seg_sum = _online_max_sum(x_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
-    tl.store(max_ptr + _partial_at(row, segment), seg_max)  # the grid is the scratch's shape: in bounds
-    tl.store(sum_ptr + _partial_at(row, segment), seg_sum)
+    at = _partial_at(row, segment, tl.num_programs(1))  # the grid is the scratch's shape: in bounds
+    tl.store(max_ptr + at, seg_max)
+    tl.store(sum_ptr + at, seg_sum)
 
 
 @triton.jit
@@ -286,8 +289,8 @@ def softmax_normalize_segments_kernel(
 ):
     """Split rows, pass 2: combine the row's partials, then write one segment."""
     row, segment = _reversed_program()
-    seg_max = _row_partials(max_ptr, row, -float("inf"), SEGMENTS_BLOCK)
-    seg_sum = _row_partials(sum_ptr, row, 0.0, SEGMENTS_BLOCK)
+    seg_max = _row_partials(max_ptr, row, tl.num_programs(1), -float("inf"), SEGMENTS_BLOCK)
+    seg_sum = _row_partials(sum_ptr, row, tl.num_programs(1), 0.0, SEGMENTS_BLOCK)
     row_max, row_sum = _combine_partials(seg_max, seg_sum)
     first, end = _segment(segment, segment_len, n_cols)
     _write_softmax(x_ptr, y_ptr, _row_start(row, n_cols, inner), first, end, inner, row_max, row_sum, BLOCK_SIZE)
@@ -299,7 +302,7 @@ def softmax_backward_partial_dot_kernel(dy_ptr, y_ptr, dot_ptr, n_cols, inner, s
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     dot = _dot(dy_ptr, y_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
-    tl.store(dot_ptr + _partial_at(row, segment), dot)  # the grid is the scratch's shape: in bounds
+    tl.store(dot_ptr + _partial_at(row, segment, tl.num_programs(1)), dot)  # the grid is the scratch's shape
 
 
 @triton.jit
@@ -308,7 +311,7 @@ def softmax_backward_segments_kernel(
 ):
     """Split rows, pass 2: the row's dot is the sum of its partials; write dx for one segment."""
     row, segment = _reversed_program()
-    dot = tl.sum(_row_partials(dot_ptr, row, 0.0, SEGMENTS_BLOCK), axis=0)
+    dot = tl.sum(_row_partials(dot_ptr, row, tl.num_programs(1), 0.0, SEGMENTS_BLOCK), axis=0)
     first, end = _segment(segment, segment_len, n_cols)
     _write_dx(dy_ptr, y_ptr, dx_ptr, _row_start(row, n_cols, inner), first, end, inner, dot, BLOCK_SIZE)
 
@@ -357,13 +360,6 @@ def _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
 
 
 @triton.jit
-def _published(ptr, row, n_segments, other, SEGMENTS_BLOCK: tl.constexpr):
-    """All published partials of `row`; read from L2 (`.cg`), where other SMs wrote them."""
-    segments = tl.arange(0, SEGMENTS_BLOCK)
-    return tl.load(ptr + row * n_segments + segments, mask=segments < n_segments, other=other, cache_modifier=".cg")
-
-
-@triton.jit
 def _load_row_or_nothing(x_ptr, row, n_rows, cols, n_cols, inner):
     """The row's columns `cols`; all -inf (nothing read) when row >= n_rows."""
     end = tl.where(row < n_rows, n_cols, 0)
@@ -397,15 +393,16 @@ def softmax_forward_cooperative_kernel(
         row = first_row + round * rows_at_once
         start = _row_start(row, n_cols, inner)
         seg_max, seg_sum = _block_max_sum(x)
-        tl.store(max_ptr + row * n_segments + segment, seg_max)
-        tl.store(sum_ptr + row * n_segments + segment, seg_sum)
+        at = _partial_at(row, segment, n_segments)
+        tl.store(max_ptr + at, seg_max)
+        tl.store(sum_ptr + at, seg_sum)
         seen = _arrive(arrived_ptr, row)
         # The next round's segment streams in while this program waits for the
         # others: without it the SM reads nothing during the wait.
         x_next = _load_row_or_nothing(x_ptr, row + rows_at_once, n_rows, cols, n_cols, inner)
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
-            part_max = _published(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
-            part_sum = _published(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+            part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
+            part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
         else:
             part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
             # Read x again rather than keep it in registers through the loop above.
@@ -435,10 +432,10 @@ def softmax_backward_cooperative_kernel(
         row = first_row + round * rows_at_once
         start = _row_start(row, n_cols, inner)
         dy, y, seg_dot = _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT)
-        tl.store(dot_ptr + row * n_segments + segment, seg_dot)
+        tl.store(dot_ptr + _partial_at(row, segment, n_segments), seg_dot)
         seen = _arrive(arrived_ptr, row)
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
-            part_dot = _published(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+            part_dot = _row_partials(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
         else:
             segments = tl.arange(0, SEGMENTS_BLOCK)
             part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
@@ -510,7 +507,7 @@ def _cooperative(kernel, registers: int, programs_per_sm: int) -> _Cooperative:
 
 
 _COOPERATIVE_FORWARD = {2: _cooperative(softmax_forward_cooperative_kernel, 80, 3), 4: _cooperative(softmax_forward_cooperative_kernel, 128, 2)}
-_COOPERATIVE_BACKWARD = {size: _cooperative(softmax_backward_cooperative_kernel, 128, 2) for size in (2, 4)}
+_COOPERATIVE_BACKWARD = dict.fromkeys((2, 4), _cooperative(softmax_backward_cooperative_kernel, 128, 2))
 
 
 @dataclass(frozen=True)
@@ -588,11 +585,17 @@ def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: tor
     return n_segments, cdiv(n_rows, rounds)
 
 
+def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
+    """`count` (n_rows, n_segments) scratch tensors for partials: float64 for float64 rows, else float32."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
+
+
 def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inner, **flags):
     like = tensors[-1]
     n_rows, kind = like.numel() // n_cols, _kind(like.device)
     n_segments, rows_at_once = plan
-    partials = [torch.empty(n_rows, n_segments, dtype=torch.float32, device=like.device) for _ in range(n_partials)]
+    partials = _scratch_partials(like, n_rows, n_segments, n_partials)
     arrived = torch.zeros(n_rows, dtype=torch.int32, device=like.device)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
@@ -620,8 +623,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])
     # Split rows: pass 1 writes one partial per (row, segment); pass 2 combines a row's partials.
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    partials = [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(kernels.n_partials)]
+    partials = _scratch_partials(like, n_rows, n_segments, kernels.n_partials)
     grid, sizes = (n_rows, n_segments), (n_cols, inner, segment_len)
     _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind])
     segments_block = next_power_of_2(n_segments)
