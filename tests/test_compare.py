@@ -310,6 +310,21 @@ def test_samples_quantiles():
     assert timing.Samples().median is None
 
 
+def test_rotating_copies_fill_twice_the_cache_and_keep_the_layout():
+    base = torch.arange(64 * 10, dtype=torch.float32)
+    view = base.view(64, 10)[:, 1:9].t()  # a strided view with an offset: 8x64, storage of 2560 bytes
+    copies = timing.rotating_copies((view, 3), l2_bytes=6000)
+    assert len(copies) == 5  # ceil(2 * 6000 / 2560)
+    assert copies[0][0] is view  # the original set first, as it is
+    storages = {c[0].untyped_storage().data_ptr() for c in copies}
+    assert len(storages) == 5  # each copy reads its own memory
+    for tensor, number in copies[1:]:
+        assert number == 3 and torch.equal(tensor, view)
+        assert tensor.stride() == view.stride() and tensor.storage_offset() == view.storage_offset()
+    assert len(timing.rotating_copies((view,), l2_bytes=10**9, max_copies=7)) == 7  # capped
+    assert len(timing.rotating_copies((view,), l2_bytes=100)) == 1  # inputs larger than the cache: no copy
+
+
 def test_cpu_op_count_ignores_bookkeeping():
     x = torch.randn(100)
     prof = kernels.profile_call(lambda t: (t * 2).reshape(10, 10).t().contiguous().sum(), (x,), torch.device("cpu"))

@@ -3,8 +3,9 @@
 import json
 
 import pytest
+import torch
 
-from compare import cli, schema
+from compare import cli, schema, timing
 
 pytestmark = pytest.mark.gpu
 
@@ -49,3 +50,15 @@ def test_gpu_capture_lower_levels(gelu_gpu):
         assert sorted(f.rsplit(".", 1)[1] for f in k["lower"]) == ["json", "ptx", "ttgir", "ttir"]
         assert "tt.func" in (op_dir / entry["folder"] / f"{k['var']}.ttir").read_text()
         assert k["us_per_call"] > 0
+
+
+def test_cudagraph_time_reads_inputs_from_dram():
+    """A 32 MB read fits in the L2 of an H100 (50 MB): replayed on one input it would read at L2 speed.
+    Over rotating copies each replay reads from DRAM, which takes clearly longer."""
+    x = torch.randn(1 << 24, device="cuda", dtype=torch.float16)
+    if x.nbytes > 0.8 * torch.cuda.get_device_properties(x.device).L2_cache_size:
+        pytest.skip("this GPU's L2 cache cannot hold the input")
+    total = lambda t: t.sum()  # noqa: E731
+    warm = timing.bench_cudagraph(total, (x,), rep_ms=20, max_copies=1)
+    cold = timing.bench_cudagraph(total, (x,), rep_ms=20)
+    assert cold > 1.3 * warm, (cold, warm)
