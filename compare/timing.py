@@ -31,6 +31,7 @@ CUDA_METHOD = (
     " small calls also as CUDA-graph replays over rotating copies of the inputs (cold L2)"
 )
 GRAPH_MAX_COPIES = 256  # inputs under (2 x L2) / 256, about 400 KB on an H100, stay partly in L2
+GRAPH_CALLS = 100  # calls per graph at least: a replay's own launch (10-30 µs) is shared by them all
 CPU_METHOD = "wall clock (time.perf_counter) around each call, repeated; not device-event timing"
 
 
@@ -106,12 +107,14 @@ def bench_cudagraph(
 ) -> float | None:
     """Median CUDA-graph replay time per call in ms, inputs cold; None when the call cannot be captured.
 
-    One graph calls ``fn`` once on each set of ``rotating_copies``; the
-    replays are timed with CUDA events and their time divided by the calls."""
+    One graph calls ``fn`` on the sets of ``rotating_copies`` in turn, at least
+    ``GRAPH_CALLS`` times; the replays are timed with CUDA events and their
+    time divided by the calls."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cuda"))
     copies = rotating_copies(args, torch.cuda.get_device_properties(device).L2_cache_size, max_copies)
+    calls = [copies[i % len(copies)] for i in range(max(len(copies), GRAPH_CALLS))]
     try:
-        graph = _capture(fn, copies)
+        graph = _capture(fn, calls)
     except Exception:  # capture is not possible for every call (host syncs, allocations...)
         torch.cuda.synchronize()
         return None
@@ -125,21 +128,21 @@ def bench_cudagraph(
         end.record()
         end.synchronize()
         elapsed = start.elapsed_time(end)
-        times.append(elapsed / len(copies))
+        times.append(elapsed / len(calls))
         spent += elapsed
     return statistics.median(times)
 
 
-def _capture(fn: Callable, copies: list[tuple]) -> torch.cuda.CUDAGraph:
+def _capture(fn: Callable, calls: list[tuple]) -> torch.cuda.CUDAGraph:
     side = torch.cuda.Stream()  # warm-up off the default stream, as capture requires
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn(*copies[-1])
+        fn(*calls[-1])
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for copy in copies:
-            fn(*copy)
+        for args in calls:
+            fn(*args)
     return graph
 
 

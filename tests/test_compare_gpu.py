@@ -53,12 +53,13 @@ def test_gpu_capture_lower_levels(gelu_gpu):
 
 
 def test_cudagraph_time_reads_inputs_from_dram():
-    """A 32 MB read fits in the L2 of an H100 (50 MB): replayed on one input it would read at L2 speed.
-    Over rotating copies each replay reads from DRAM, which takes clearly longer."""
-    x = torch.randn(1 << 24, device="cuda", dtype=torch.float16)
-    if x.nbytes > 0.8 * torch.cuda.get_device_properties(x.device).L2_cache_size:
-        pytest.skip("this GPU's L2 cache cannot hold the input")
-    total = lambda t: t.sum()  # noqa: E731
-    warm = timing.bench_cudagraph(total, (x,), rep_ms=20, max_copies=1)
-    cold = timing.bench_cudagraph(total, (x,), rep_ms=20)
+    """A decoding matmul reads a 32 MB weight, which fits in the L2 of an H100 (50 MB): replayed on one
+    input it would come from L2.  Over rotating copies each replay reads it from DRAM, clearly slower."""
+    a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    if b.nbytes > 0.8 * torch.cuda.get_device_properties(b.device).L2_cache_size:
+        pytest.skip("this GPU's L2 cache cannot hold the weight")
+    matmul = lambda x, w: x @ w  # noqa: E731
+    warm = timing.bench_cudagraph(matmul, (a, b), rep_ms=20, max_copies=1)
+    cold = timing.bench_cudagraph(matmul, (a, b), rep_ms=20)
     assert cold > 1.3 * warm, (cold, warm)
