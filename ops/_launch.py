@@ -20,7 +20,20 @@ through Triton.
 Autotuned kernels are handled the same way, with the autotuner's own key (the
 values of its ``key`` arguments) added to ours; the grid, a function of the
 chosen config, is evaluated on each call.
+
+The launch itself: Triton's launcher (``compiled.run``) is a Python method
+around generated C that looks up each tensor's ``data_ptr`` through Python,
+about 8 µs on the GPU machines here.  PyTorch ships a launcher for Triton
+binaries written in C++, the one Inductor's generated code uses
+(``torch._C._StaticCudaLauncher``); given the binary's loaded function, its
+block size, shared memory and the C types of its runtime arguments, it
+launches in a few µs.  ``direct_launch_plan`` reads those from the compiled
+kernel; a binary it cannot describe (scratch memory, clusters, cooperative
+or programmatic-dependent launches, an argument type it does not know), or
+a torch without that launcher, keeps Triton's.
 """
+
+import operator
 
 import torch
 
@@ -31,6 +44,11 @@ try:
     from triton.runtime.jit import JITFunction
 except ImportError:  # pragma: no cover - an older Triton: always launch through Triton
     knobs = None
+
+try:  # private, so looked up with care: a torch without it launches through Triton
+    _launch_kernel = torch._C._StaticCudaLauncher._launch_kernel
+except AttributeError:
+    _launch_kernel = None
 
 _INT32_MIN, _INT32_END = -(2**31), 2**31
 
@@ -60,19 +78,68 @@ def specialization_key(args, kwargs):
 
     What Triton specializes a runtime argument on: a tensor's dtype and whether
     its pointer is 16-byte aligned; an integer's being 1, a multiple of 16 and
-    32-bit; a float's type only.  (One loop, no helper calls: this runs on
-    every eager launch.)"""
-    keys = []
+    32-bit (here one small integer: -1 for 1, else multiple of 16 + 2 x 32-bit);
+    a float's type only.  (One flat loop, no helper calls: this runs on every
+    eager launch, with up to 18 arguments for a matmul.)"""
+    key = []
+    add = key.append
     for a in args:
-        if isinstance(a, torch.Tensor):
-            keys.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif type(a) is int:
-            keys.append((a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END))
-        elif type(a) is float:
-            keys.append(float)  # always an fp32 argument
+        kind = type(a)
+        if kind is int:
+            add(-1 if a == 1 else (not a & 15) + 2 * (_INT32_MIN <= a < _INT32_END))
+        elif kind is torch.Tensor or isinstance(a, torch.Tensor):
+            add(a.dtype)
+            add(not a.data_ptr() & 15)
+        elif kind is float:
+            add(float)  # always an fp32 argument
         else:
             return None  # None, bool, anything else: Triton's own path
-    return (tuple(keys), tuple(kwargs.items()))
+    return (*key, *kwargs.items())
+
+
+# The C type of each runtime argument, as the C++ launcher spells it
+# (Python's argument-parsing codes): pointers are objects whose data_ptr it
+# reads; 16-bit floats travel as fp32 arguments, as Triton passes them.
+_C_TYPES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B", "u16": "H", "u32": "I",
+            "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}  # fmt: skip
+# Buffers some binaries take after their arguments: passed as null when the
+# binary needs none of it; a binary that does need one keeps Triton's launcher.
+_SCRATCH = ("global_scratch_size", "profile_scratch_size")
+
+
+def direct_launch_plan(compiled, n_params: int):
+    """``(function, warps, shared, C types, pick, scratch)`` for launching ``compiled`` through PyTorch's C++
+    launcher, or None where that launcher cannot: ``pick(all_arguments)`` selects the runtime ones, in order."""
+    meta = compiled.metadata
+    if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
+        return None
+    if getattr(meta, "launch_pdl", False) or getattr(meta, "cluster_dims", None) not in (None, (1, 1, 1)):
+        return None
+    if any(getattr(meta, name, 0) for name in _SCRATCH):
+        return None
+    src = compiled.src
+    names = list(src.signature)
+    if len(names) != n_params:
+        return None
+    # Arguments Triton folded into the binary (constexprs, integers equal to 1) are not passed.
+    folded = {names.index(k) if isinstance(k, str) else (k[0] if isinstance(k, tuple) else k) for k in src.constants}
+    indices, types = [], []
+    for index, name in enumerate(names):
+        kind = src.signature[name]
+        if kind == "constexpr" or index in folded:
+            continue
+        code = "O" if isinstance(kind, str) and kind.startswith("*") else _C_TYPES.get(kind)
+        if code is None:
+            return None  # a tensor descriptor, a tuple, a type this launcher does not take
+        indices.append(index)
+        types.append(code)
+    scratch = tuple(None for name in _SCRATCH if hasattr(meta, name))
+    types = "".join(types) + "O" * len(scratch)
+    if len(indices) > 1:
+        pick = operator.itemgetter(*indices)
+    else:
+        pick = (lambda a, i=indices[0]: (a[i],)) if indices else (lambda a: ())
+    return compiled.function, meta.num_warps, meta.shared, types, pick, scratch
 
 
 def _current_device() -> int:
@@ -89,7 +156,9 @@ class FastKernel:
         while not isinstance(jit, JITFunction):
             jit = jit.fn
         self.params = jit.arg_names
-        self.binaries = {}  # key -> (compiled kernel, the arguments after the positional ones, config)
+        # Where the autotuner's key arguments are: (position, name), read on every launch.
+        self.tuned = [(self.params.index(name), name) for name in kernel.keys] if self.autotuner else []
+        self.binaries = {}  # key -> (compiled kernel, the arguments after the positional ones, config, direct plan)
         self.current_stream = None  # the driver's, looked up at the first launch: `driver.active` is a lazy proxy
 
     def __getitem__(self, grid):
@@ -101,7 +170,8 @@ class FastKernel:
             return self.kernel[grid](*args, **kwargs)
         device = _current_device()
         if self.autotuner is not None:
-            key = (key, device, tuple(self._value(name, args, kwargs) for name in self.autotuner.keys))
+            n = len(args)
+            key = (key, device, tuple(args[i] if i < n else kwargs[name] for i, name in self.tuned))
         else:
             key = (key, device)
         found = self.binaries.get(key)
@@ -109,27 +179,21 @@ class FastKernel:
             compiled = self.kernel[grid](*args, **kwargs)  # Triton's own path: compile, autotune, launch
             self._remember(key, grid, args, kwargs, compiled)
             return compiled
-        compiled, tail, config = found
+        compiled, tail, config, direct = found
         if callable(grid):  # autotuned: the grid depends on the chosen block sizes
             grid = grid({**dict(zip(self.params, args)), **kwargs, **config})
-        compiled.run(
-            grid[0],
-            grid[1] if len(grid) > 1 else 1,
-            grid[2] if len(grid) > 2 else 1,
-            self.current_stream(device),
-            compiled.function,
-            compiled.packed_metadata,
-            None,  # launch metadata and the two hooks: only for launch hooks, which take Triton's path
-            None,
-            None,
-            *args,
-            *tail,
-        )
+        x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+        stream = self.current_stream(device)
+        if direct is not None:
+            function, warps, shared, types, pick, scratch = direct
+            try:
+                _launch_kernel(function, x, y, z, warps, shared, types, pick((*args, *tail)) + scratch, stream)
+                return compiled
+            except (TypeError, ValueError, RuntimeError):  # refused: Triton's launcher from now on (its error, if any)
+                self.binaries[key] = (compiled, tail, config, None)
+        # launch metadata and the two hooks: None, they are only for launch hooks, which take Triton's path
+        compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
         return compiled
-
-    def _value(self, name, args, kwargs):
-        index = self.params.index(name)
-        return args[index] if index < len(args) else kwargs[name]
 
     def _remember(self, key, grid, args, kwargs, compiled):
         """Keep the binary Triton chose, if a later call can be launched from it alone."""
@@ -148,7 +212,8 @@ class FastKernel:
         if getattr(compiled, "function", None) is None:
             return
         self.current_stream = driver.active.get_current_stream
-        self.binaries[key] = (compiled, tuple(named[name] for name in rest), config)
+        direct = None if _launch_kernel is None else direct_launch_plan(compiled, len(self.params))
+        self.binaries[key] = (compiled, tuple(named[name] for name in rest), config, direct)
 
 
 _fast: dict[int, object] = {}  # id(kernel) -> its FastKernel, or the kernel itself

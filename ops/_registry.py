@@ -164,10 +164,13 @@ def _run_direct(body: Callable, args, kwargs):
     previous = getattr(_direct, "on", False)
     _direct.on = True
     try:
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        if device.index is not None and device.index != torch._C._cuda_getDevice():
-            with torch.cuda.device(device):  # Triton launches on the current device
-                return body(*args, **kwargs)
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                index = a.get_device()  # -1 on the CPU
+                if index >= 0 and index != torch._C._cuda_getDevice():
+                    with torch.cuda.device(index):  # Triton launches on the current device
+                        return body(*args, **kwargs)
+                break
         return body(*args, **kwargs)
     finally:
         _direct.on = previous

@@ -1,6 +1,7 @@
 """The fast launch path: its key must separate every argument Triton compiles differently."""
 
 import contextvars
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,10 +9,10 @@ import torch.nn.functional as F
 import triton
 from reference import assert_close
 
-from ops import _device
+from ops import _device, _launch
 from ops import gelu as gelu_module
 from ops import matmul as matmul_module
-from ops._launch import FastKernel, _hooks_in_use, fast_kernel, specialization_key
+from ops._launch import FastKernel, _hooks_in_use, direct_launch_plan, fast_kernel, specialization_key
 
 
 def _state():
@@ -52,6 +53,42 @@ def test_arguments_it_does_not_model_keep_tritons_path():
     assert specialization_key((torch.empty(4), True), {}) is None
 
 
+def _compiled(signature, constants, **meta):
+    """What direct_launch_plan reads of a compiled kernel (Triton 3.6's layout: constants keyed by index tuples)."""
+    metadata = {"num_warps": 4, "shared": 1024, "num_ctas": 1, "global_scratch_size": 0, "profile_scratch_size": 0}
+    return SimpleNamespace(
+        function=1234, src=SimpleNamespace(signature=signature, constants=constants), metadata=SimpleNamespace(**{**metadata, **meta})
+    )
+
+
+def test_direct_launch_plan_passes_the_runtime_arguments_with_their_c_types():
+    signature = {"x_ptr": "*bf16", "y_ptr": "*fp32", "n": "i32", "stride": "i64", "eps": "fp32", "one": "i32", "BLOCK": "constexpr"}
+    compiled = _compiled(signature, {(5,): 1, (6,): 128})  # `one` was 1, folded into the binary like BLOCK
+    function, warps, shared, types, pick, scratch = direct_launch_plan(compiled, len(signature))
+    assert (function, warps, shared) == (1234, 4, 1024)
+    assert types == "OOilfOO" and scratch == (None, None)  # two null scratch buffers close the list
+    x, y = torch.empty(2), torch.empty(2)
+    assert pick((x, y, 10, 20, 0.5, 1, 128)) == (x, y, 10, 20, 0.5)
+    # One runtime argument, and none: still tuples.
+    assert direct_launch_plan(_compiled({"x_ptr": "*fp16", "B": "constexpr"}, {(1,): 8}), 2)[4]((x, 8)) == (x,)
+    assert direct_launch_plan(_compiled({"B": "constexpr"}, {(0,): 8}), 1)[4]((8,)) == ()
+
+
+@pytest.mark.parametrize(
+    "signature, meta",
+    [
+        ({"x_ptr": "*fp16"}, {"global_scratch_size": 64}),  # device-side tensor descriptors need scratch memory
+        ({"x_ptr": "*fp16"}, {"launch_cooperative_grid": True}),
+        ({"x_ptr": "*fp16"}, {"num_ctas": 2}),
+        ({"x_ptr": "*fp16"}, {"cluster_dims": (2, 1, 1)}),
+        ({"x_ptr": "*fp16"}, {"launch_pdl": True}),
+        ({"desc": "nvTmaDesc"}, {}),  # an argument type the C++ launcher does not take
+    ],
+)
+def test_direct_launch_plan_leaves_what_it_cannot_launch_to_triton(signature, meta):
+    assert direct_launch_plan(_compiled(signature, {}, **meta), len(signature)) is None
+
+
 def test_one_fast_kernel_per_kernel_for_jit_and_autotuned_kernels():
     assert isinstance(fast_kernel(gelu_module.gelu_forward_kernel), FastKernel)
     assert fast_kernel(gelu_module.gelu_forward_kernel) is fast_kernel(gelu_module.gelu_forward_kernel)
@@ -69,6 +106,32 @@ def test_fast_launches_on_aligned_and_misaligned_views_match_float64():
         y = torch.ops.tk.gelu(view, "tanh")
         assert_close(y, F.gelu(view.double(), approximate="tanh"), torch.float16)
     assert len(fast.binaries) >= 3, _state()  # aligned and odd size, misaligned, 4096 elements
+    if _launch._launch_kernel is not None:  # torch's C++ launcher: every binary launches through it, none refused
+        assert all(found[3] is not None for found in fast.binaries.values())
+
+
+@pytest.mark.gpu
+def test_binaries_launch_through_torchs_cpp_launcher_where_it_can():
+    """Integers folded into the binary (a single row), float arguments (eps), an autotuned kernel: each
+    launched twice (the second time from the remembered binary) and checked.  The TMA matmul, which needs
+    scratch memory, keeps Triton's launcher."""
+    if _launch._launch_kernel is None:
+        pytest.skip("this torch has no C++ launcher for Triton binaries")
+    x = torch.randn(1, 3000, device="cuda")
+    w, b = torch.randn(3000, device="cuda"), torch.randn(3000, device="cuda")
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        assert_close(torch.ops.tk.softmax(x, -1), torch.softmax(x.double(), -1), torch.float32)
+        expected = F.layer_norm(x.double(), (3000,), w.double(), b.double(), eps=0.25)
+        assert_close(torch.ops.tk.layer_norm(x, [3000], w, b, 0.25), expected, torch.float32)
+        assert_close(torch.ops.tk.matmul(a[:100, :300], a[:300, :50]), a[:100, :300].double() @ a[:300, :50].double(), torch.bfloat16)
+        assert_close(torch.ops.tk.matmul(a, a), a.double() @ a.double(), torch.bfloat16)
+    fast = [f for f in _launch._fast.values() if isinstance(f, FastKernel)]
+    plans = [(f.params, found[3]) for f in fast for found in f.binaries.values()]
+    assert sum(plan is not None for _, plan in plans) >= 3, plans  # softmax, layer_norm, the pointer matmul
+    tma = _launch._fast[id(matmul_module.matmul_tma_kernel_autotuned)].binaries.values()
+    assert tma, "the TMA matmul was not launched"
+    assert all(found[3] is None for found in tma), [found[0].metadata for found in tma]
 
 
 @pytest.mark.gpu
