@@ -220,6 +220,27 @@ def test_compiled_training_steps_match_eager(device, build):
             assert "tk.matmul_cpu" not in source and "tk.rms_norm_cpu" not in source
 
 
+@pytest.mark.gpu
+def test_compiled_model_replays_tk_kernels_in_cuda_graphs():
+    """mode="reduce-overhead": Inductor records the compiled forward, tk's kernels included, in a CUDA
+    graph and replays it, which takes the host's per-call cost off every op.  Nothing may be skipped
+    (a kernel that cannot be captured would make Inductor fall back to plain launches)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    config, batch, seq = case("cuda")
+    model = make_model(config, "cuda", build=TK_OPS)
+    tokens, targets = make_batch(config, batch, seq, "cuda")
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        expected = model(tokens, targets)
+        losses = [compiled(tokens, targets).clone() for _ in range(4)]  # warm-up, record, replays
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    for loss in losses:
+        torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------ export and AOTInductor
 
 
