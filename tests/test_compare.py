@@ -325,6 +325,22 @@ def test_rotating_copies_fill_twice_the_cache_and_keep_the_layout():
     assert len(timing.rotating_copies((view,), l2_bytes=100)) == 1  # inputs larger than the cache: no copy
 
 
+def test_report_gives_the_cuda_graph_speedup_over_eager():
+    def record(variant, median, graph, status="ok"):
+        fields = dict.fromkeys(["p20_ms", "p80_ms", "first_call_ms", "error", "gbps", "tflops", "limit_share",
+                                "speedup_vs_eager", "speedup_vs_compile", "kernels", "rel_error", "kernel_unit"])  # fmt: skip
+        return {**fields, "variant": variant, "status": status, "median_ms": median, "cudagraph_ms": graph, "best": False,
+                "interpreted": False}
+
+    failed = {**record("peer", None, None, "failed"), "error": "build: ImportError"}
+    rows = [record("eager", 0.010, 0.0071), record("tk", 0.050, 0.0081), failed]
+    headers, table = report.table_rows(rows, "compute")
+    graph = headers.index("CUDA graph (vs eager)")
+    assert [row[graph] for row in table] == ["7.1 µs (1.00x)", "8.1 µs (0.88x)", ""]
+    headers, _ = report.table_rows([record("eager", 0.010, None)], "compute")
+    assert not any("CUDA graph" in h for h in headers)  # no graph time, no column
+
+
 def test_cpu_op_count_ignores_bookkeeping():
     x = torch.randn(100)
     prof = kernels.profile_call(lambda t: (t * 2).reshape(10, 10).t().contiguous().sum(), (x,), torch.device("cpu"))
