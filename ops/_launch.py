@@ -181,7 +181,10 @@ class FastKernel:
             return compiled
         compiled, tail, config, direct = found
         if callable(grid):  # autotuned: the grid depends on the chosen block sizes
-            grid = grid({**dict(zip(self.params, args)), **kwargs, **config})
+            try:  # what a grid reads, as a rule: the config's block sizes (cheaper than naming every argument)
+                grid = grid({**kwargs, **config})
+            except KeyError:  # a grid that reads the arguments too
+                grid = grid({**dict(zip(self.params, args)), **kwargs, **config})
         x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
         stream = self.current_stream(device)
         if direct is not None:
