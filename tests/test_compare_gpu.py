@@ -32,7 +32,11 @@ def test_gpu_report(gelu_gpu):
     small = [by[4096, name] for name in ("eager", "tk", "compile")]
     assert all(r["cudagraph_ms"] is not None and r["cudagraph_ms"] <= r["median_ms"] for r in small)
     big = by[16777216, "tk"]
-    assert 0.3 < big["limit_share"] < 1.3  # a 67 MB elementwise kernel runs near copy bandwidth
+    # A 67 MB elementwise kernel runs at eager's speed, give or take: both were timed in interleaved
+    # rounds.  (Its share of the copy limit is checked as arithmetic only: under pytest-xdist another
+    # worker's kernels can slow the limit's own measurement, and the share passed 4.)
+    assert 0.5 < big["speedup_vs_eager"] < 2, big
+    assert big["limit_share"] == pytest.approx(big["gbps"] / doc["limits"]["copy"]["gbps"])
     tk_kernel = big["kernel_names"][0]
     assert tk_kernel == "gelu_forward_kernel" and big["kernel_us"][tk_kernel] > 0
 
