@@ -22,13 +22,13 @@ values of its ``key`` arguments) added to ours; the grid, a function of the
 chosen config, is evaluated on each call.
 
 The launch itself: Triton's launcher (``compiled.run``) is a Python method
-around generated C that looks up each tensor's ``data_ptr`` through Python,
-about 8 µs on the GPU machines here.  PyTorch ships a launcher for Triton
-binaries written in C++, the one Inductor's generated code uses
-(``torch._C._StaticCudaLauncher``); given the binary's loaded function, its
-block size, shared memory and the C types of its runtime arguments, it
-launches in a few µs.  ``direct_launch_plan`` reads those from the compiled
-kernel; a binary it cannot describe (scratch memory, clusters, cooperative
+around generated C that looks up each tensor's ``data_ptr`` through Python:
+8 µs a launch on the H100 host we measured.  PyTorch ships a launcher for
+Triton binaries written in C++, the one Inductor's generated code uses
+(``torch._C._StaticCudaLauncher``): 6.5 µs there.  Given the binary's loaded
+function, its block size, shared memory and the C types of its runtime
+arguments, it launches; ``direct_launch_plan`` reads those from the compiled
+kernel.  A binary it cannot describe (scratch memory, clusters, cooperative
 or programmatic-dependent launches, an argument type it does not know), or
 a torch without that launcher, keeps Triton's.
 """
