@@ -74,6 +74,49 @@ def test_direct_launch_plan_passes_the_runtime_arguments_with_their_c_types():
     assert direct_launch_plan(_compiled({"B": "constexpr"}, {(0,): 8}), 1)[4]((8,)) == ()
 
 
+def _remembered_gelu_binary(monkeypatch, launches):
+    """A FastKernel for the gelu kernel holding one remembered binary (a stand-in with gelu's signature),
+    on a pretend current device 0, with PyTorch's C++ launcher replaced by ``launches``."""
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_elements": "i32", "APPROXIMATE_TANH": "constexpr", "BLOCK_SIZE": "constexpr"}
+    compiled = _compiled(signature, {(3,): True, (4,): 1024})
+    compiled.triton_runs = []
+    compiled.run = lambda *launch: compiled.triton_runs.append(launch)
+    compiled.packed_metadata = "packed"
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_launch_kernel", launches)
+    fast = FastKernel(gelu_module.gelu_forward_kernel)
+    fast.current_stream = lambda device: 77
+    x, y = torch.empty(3000), torch.empty(3000)
+    kwargs = {"APPROXIMATE_TANH": True, "BLOCK_SIZE": 1024, "num_warps": 4}
+    key = (specialization_key((x, y, 3000), kwargs), 0)
+    fast.binaries[key] = (compiled, (True, 1024), {}, direct_launch_plan(compiled, len(fast.params)))
+    return fast, compiled, key, (x, y, 3000), kwargs
+
+
+def test_a_remembered_binary_launches_through_the_cpp_launcher(monkeypatch):
+    calls = []
+    fast, compiled, key, args, kwargs = _remembered_gelu_binary(monkeypatch, lambda *launch: calls.append(launch))
+    assert fast[(3, 1, 1)](*args, **kwargs) is compiled
+    (function, x, y, z, warps, shared, types, passed, stream), = calls
+    assert (function, (x, y, z), warps, shared, types, stream) == (1234, (3, 1, 1), 4, 1024, "OOiOO", 77)
+    assert passed == (*args, None, None) and not compiled.triton_runs
+
+
+def test_a_binary_the_cpp_launcher_refuses_goes_back_to_tritons_launcher(monkeypatch):
+    refused = []
+
+    def refuse(*launch):
+        refused.append(launch)
+        raise RuntimeError("CUDA driver error: invalid argument")
+
+    fast, compiled, key, args, kwargs = _remembered_gelu_binary(monkeypatch, refuse)
+    for _ in range(2):
+        fast[(3,)](*args, **kwargs)
+    assert len(refused) == 1 and fast.binaries[key][3] is None  # the plan is dropped after the refusal
+    run = (3, 1, 1, 77, 1234, "packed", None, None, None, *args, True, 1024)
+    assert compiled.triton_runs == [run, run]
+
+
 @pytest.mark.parametrize(
     "signature, meta",
     [
