@@ -211,9 +211,10 @@ def softmax_backward_kernel(dy_ptr, y_ptr, dx_ptr, n_cols, inner, BLOCK_SIZE: tl
     rounded to it, then summed in float32, and dx is computed in float32 from
     the stored values.  Upcasting both to float32 on load doubles the
     registers a 16-bit row needs: a 65536-column row spilled (12-35% of copy
-    on an H100) where this form runs at 87-92%.  The products' rounding adds
+    on an H100) where this form ran at 76-92%.  The products' rounding adds
     less error than PyTorch's own kernel has (relative 1.7e-3 against 2.3e-3
-    for bfloat16 at 65536 columns)."""
+    for bfloat16 at 65536 columns).  The cooperative backward rounds them the
+    same way."""
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     cols = tl.arange(0, BLOCK_SIZE)
     offsets = _offsets(start, cols, inner)
@@ -360,10 +361,10 @@ def _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
 
 
 @triton.jit
-def _load_row_or_nothing(x_ptr, row, n_rows, cols, n_cols, inner):
-    """The row's columns `cols`; all -inf (nothing read) when row >= n_rows."""
+def _load_stored(ptr, row, n_rows, cols, n_cols, inner, other):
+    """The row's columns `cols` in their storage dtype; all `other` (nothing read) when row >= n_rows."""
     end = tl.where(row < n_rows, n_cols, 0)
-    return _load_row(x_ptr, _row_start(row, n_cols, inner), cols, end, inner, -float("inf"))
+    return tl.load(ptr + _offsets(_row_start(row, n_cols, inner), cols, inner), mask=cols < end, other=other)
 
 
 @triton.jit
@@ -388,7 +389,7 @@ def softmax_forward_cooperative_kernel(
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
-    x = _load_row_or_nothing(x_ptr, first_row, n_rows, cols, n_cols, inner)
+    x = _compute_dtype(_load_stored(x_ptr, first_row, n_rows, cols, n_cols, inner, -float("inf")))
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         start = _row_start(row, n_cols, inner)
@@ -399,7 +400,7 @@ def softmax_forward_cooperative_kernel(
         seen = _arrive(arrived_ptr, row)
         # The next round's segment streams in while this program waits for the
         # others: without it the SM reads nothing during the wait.
-        x_next = _load_row_or_nothing(x_ptr, row + rows_at_once, n_rows, cols, n_cols, inner)
+        x_next = _compute_dtype(_load_stored(x_ptr, row + rows_at_once, n_rows, cols, n_cols, inner, -float("inf")))
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
             part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
             part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
@@ -413,38 +414,59 @@ def softmax_forward_cooperative_kernel(
 
 
 @triton.jit
-def _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT: tl.constexpr):
-    """dy and y at columns `cols` of a row, as stored, and sum(dy * y) over them (see softmax_backward_kernel)."""
-    offsets = _offsets(start, cols, inner)
-    dy = tl.load(dy_ptr + offsets, mask=cols < n_cols, other=0.0)
-    y = tl.load(y_ptr + offsets, mask=cols < n_cols, other=0.0)
-    return dy, y, tl.sum(_rounded_product(dy, y, NATIVE_16BIT), axis=0)
+def _segment_dot(dy, y, NATIVE_16BIT: tl.constexpr):
+    """sum(dy * y) over a segment, each product rounded as in softmax_backward_kernel."""
+    return tl.sum(_rounded_product(dy, y, NATIVE_16BIT), axis=0)
+
+
+@triton.jit
+def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr,
+                       SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+    """Every segment's sum(dy * y) of a row, computed by this program (see _segments_max_sum_here)."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
+    for segment in range(0, n_segments):
+        cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+        dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+        y = _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+        part_dot = tl.where(segments == segment, _segment_dot(dy, y, NATIVE_16BIT), part_dot)
+    return part_dot
 
 
 @triton.jit
 def softmax_backward_cooperative_kernel(
     dy_ptr, y_ptr, dx_ptr, dot_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, LOAD_AHEAD: tl.constexpr,
 ):
-    """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx."""
+    """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx.
+
+    LOAD_AHEAD: the next round's dy and y stream in during the wait, as in the
+    forward; it doubles the registers held, which 16-bit segments can afford."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    dy = _load_stored(dy_ptr, first_row, n_rows, cols, n_cols, inner, 0.0)
+    y = _load_stored(y_ptr, first_row, n_rows, cols, n_cols, inner, 0.0)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
-        start = _row_start(row, n_cols, inner)
-        dy, y, seg_dot = _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT)
-        tl.store(dot_ptr + _partial_at(row, segment, n_segments), seg_dot)
+        tl.store(dot_ptr + _partial_at(row, segment, n_segments), _segment_dot(dy, y, NATIVE_16BIT))
         seen = _arrive(arrived_ptr, row)
+        next_row = row + rows_at_once
+        if LOAD_AHEAD:
+            dy_next = _load_stored(dy_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
+            y_next = _load_stored(y_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
             part_dot = _row_partials(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
         else:
-            segments = tl.arange(0, SEGMENTS_BLOCK)
-            part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
-            for other in range(0, n_segments):
-                _, _, other_dot = _segment_dot(dy_ptr, y_ptr, start, other * SEGMENT + tl.arange(0, SEGMENT), n_cols, inner, NATIVE_16BIT)
-                part_dot = tl.where(segments == other, other_dot, part_dot)
-            dy, y, _ = _segment_dot(dy_ptr, y_ptr, start, cols, n_cols, inner, NATIVE_16BIT)  # read again, as in the forward
+            part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT, SEGMENT, SEGMENTS_BLOCK)
+            # Read this segment again rather than keep it in registers through the loop above.
+            dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+            y = _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
         dot = tl.sum(part_dot, axis=0)
-        _store_row(dx_ptr, start, cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
+        _store_row(dx_ptr, _row_start(row, n_cols, inner), cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
+        if LOAD_AHEAD:
+            dy, y = dy_next, y_next
+        else:
+            dy = _load_stored(dy_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
+            y = _load_stored(y_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
 
 
 # --------------------------------------------------------------------------
@@ -459,10 +481,6 @@ def softmax_backward_cooperative_kernel(
 # since fewer, wider programs keep a row's second read in L2.  The interpreter
 # has no registers, only per-program Python overhead.
 _MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
-# The backward of 16-bit rows keeps them in one block up to this multiple of
-# _MAX_BLOCK (65536 columns on CUDA, 16 warps: 87-92% of copy against 60% for
-# the looped kernel, where 32 warps got 78-82%).  The interpreter: no change.
-_BACKWARD_16BIT_ROWS = {"cuda": 2, "cpu": 1}
 _CHUNK = {"cuda": 16384, "cpu": 1 << 14}
 
 # When rows longer than a block are split (see _split).  Module-level so that
@@ -473,41 +491,57 @@ _MIN_SEGMENT_CHUNKS = 4  # the shortest segment, in chunks
 
 
 # Rows held on chip across programs (CUDA, 16- and 32-bit; see
-# softmax_forward_cooperative_kernel).  Each program keeps a segment of 8192
-# columns on 8 warps, 32 a thread.  The register cap sets how many programs
-# share an SM, and so the bytes each SM has in flight while its programs wait
-# for each other: the number that decided the design.  Probe on an H100, % of
-# copy at 1024x65536 / 256x262144 / 64x1048576 / 600x131072, against 60-70%
-# for the two-read designs:
+# softmax_forward_cooperative_kernel).  The register cap sets how many
+# programs share an SM, and with the segment each holds, the bytes each SM
+# has in flight while its programs wait for each other: the number that
+# decided the design.  Probe on an H100, % of copy at 1024x65536 / 256x262144
+# / 64x1048576 / 600x131072, against 60-70% for the two-read designs;
+# segments of 8192 columns on 8 warps, 32 values a thread:
 #   forward bf16: 3 programs an SM at 80 registers 73 / 77 / 72 / 75 (2 at
 #   128: 62 / 63 / 58 / 64); float32: 2 at 128 registers 84 / 86 / 82 / 85;
-#   backward bf16 2 at 128: 83 / 67 / 72 / 84, float32 94 / 91 / 82 / 95.
-# The forward loads the next round's segment before it waits (without that,
-# bf16 reached 46-49%).  The interpreter runs one program after another, so
-# no program there could ever see another's partial: off on CPU, except in
-# tests, which then take the path that computes the partials itself.
+#   backward bf16 2 at 128: 87 / 90 / 83 / 89, float32 95 / 92 / 83 / 95.
+# Loading the next round's segment before the wait is what lifted bf16: the
+# forward from 46-49%, the backward from 79 / 68 / 72 / 75 (its 80% at
+# 1024x65536 was then the one-block kernel's, which 16-bit backward rows of
+# up to 65536 columns took until the cooperative one overtook it).  The
+# float32 backward does without: twice the registers held cost it 1-7 points.
+# Holding a 16-bit forward segment in 16 bits, twice the columns in the same
+# registers, did not pay: its conversions to float32 spill (61-75%).
+# The interpreter runs one program after another, so no program there could
+# ever see another's partial: off on CPU, except in tests, which then take
+# the path that computes the partials itself, over _CPU_SEGMENT columns.
 _COOPERATIVE_ROWS = {"cuda": True, "cpu": False}
-_SEGMENT = {"cuda": 8192, "cpu": 32}
-_COOPERATIVE_WARPS = 8
+_CPU_SEGMENT = 32
 _MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's counter before computing its partials here
 
 
 @dataclass(frozen=True)
 class _Cooperative:
-    kernel: object  # the kernel with its launch config: 8 warps, registers capped
+    kernel: object  # the kernel with its launch config: warps, registers capped
+    segment: int  # columns a program holds, on CUDA
+    warps: int
     registers: int  # the cap, per thread
     programs_per_sm: int  # wanted; fewer where the SM holds fewer
+    constexprs: tuple = ()  # (name, value) pairs the kernel is launched with
 
 
-def _cooperative(kernel, registers: int, programs_per_sm: int) -> _Cooperative:
+def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int, **constexprs) -> _Cooperative:
     # A one-config autotune only carries the register cap (maxnreg), which a
     # launch argument would not carry through torch.compile.
-    config = triton.Config({}, num_warps=_COOPERATIVE_WARPS, maxnreg=registers)
-    return _Cooperative(triton.autotune(configs=[config], key=[])(kernel), registers, programs_per_sm)
+    config = triton.Config({}, num_warps=warps, maxnreg=registers)
+    tuned = triton.autotune(configs=[config], key=[])(kernel)
+    return _Cooperative(tuned, segment, warps, registers, programs_per_sm, tuple(constexprs.items()))
 
 
-_COOPERATIVE_FORWARD = {2: _cooperative(softmax_forward_cooperative_kernel, 80, 3), 4: _cooperative(softmax_forward_cooperative_kernel, 128, 2)}
-_COOPERATIVE_BACKWARD = dict.fromkeys((2, 4), _cooperative(softmax_backward_cooperative_kernel, 128, 2))
+# Keyed by element size (float64 keeps the other designs).
+_COOPERATIVE_FORWARD = {
+    2: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 80, 3),
+    4: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 128, 2),
+}
+_COOPERATIVE_BACKWARD = {
+    2: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, LOAD_AHEAD=True),
+    4: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, LOAD_AHEAD=False),
+}
 
 
 @dataclass(frozen=True)
@@ -574,11 +608,11 @@ def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: tor
     if not _COOPERATIVE_ROWS[kind]:
         return None
     if kind == "cuda":
-        per_sm = min(setup.programs_per_sm, resident_programs_per_sm(device.index, _COOPERATIVE_WARPS, setup.registers))
+        per_sm = min(setup.programs_per_sm, resident_programs_per_sm(device.index, setup.warps, setup.registers))
         programs = per_sm * _sm_count(device.index)
     else:
         programs = _CPU_PROGRAMS
-    n_segments = cdiv(n_cols, _SEGMENT[kind])
+    n_segments = cdiv(n_cols, _segment_len(setup, kind))
     if n_segments > programs:
         return None
     rounds = cdiv(n_rows, min(programs // n_segments, n_rows))
@@ -599,8 +633,12 @@ def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inn
     arrived = torch.zeros(n_rows, dtype=torch.int32, device=like.device)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
-        SEGMENT=_SEGMENT[kind], SEGMENTS_BLOCK=next_power_of_2(n_segments), **flags,
+        SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=next_power_of_2(n_segments), **dict(setup.constexprs), **flags,
     )
+
+
+def _segment_len(setup: _Cooperative, kind: str) -> int:
+    return setup.segment if kind == "cuda" else _CPU_SEGMENT
 
 
 def _launch(kernels: _Kernels, tensors, n_cols, inner):
@@ -612,9 +650,6 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     flags = {"NATIVE_16BIT": kind == "cuda"} if kernels is _BACKWARD else {}  # see _rounded_product
     if block <= _MAX_BLOCK[kind]:
         return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=block, **flags)
-    if kernels is _BACKWARD and like.element_size() == 2 and block <= _MAX_BLOCK[kind] * _BACKWARD_16BIT_ROWS[kind]:
-        # 16-bit rows held in their storage dtype (see softmax_backward_kernel): 128 elements a thread.
-        return _run(kernels.single, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=block, num_warps=block // 4096, **flags)
     setup = kernels.cooperative.get(like.element_size())
     plan = _cooperative_plan(setup, n_rows, n_cols, like.device) if setup is not None else None
     if plan is not None:

@@ -319,7 +319,7 @@ class SoftmaxDesign:
             mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", self.min_segment_chunks),
             mock.patch.object(softmax_module, "_CPU_PROGRAMS", self.programs),
             mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": self.cooperative}),
-            mock.patch.dict(softmax_module._SEGMENT, {"cpu": self.segment}),
+            mock.patch.object(softmax_module, "_CPU_SEGMENT", self.segment),
         ):
             yield
 

@@ -111,7 +111,7 @@ def test_softmax_is_numerically_stable(device, n_cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_cols", [129, 20_000, 40_000, 70_001])  # 40_000: a 16-bit backward row in one block on CUDA
+@pytest.mark.parametrize("n_cols", [129, 20_000, 40_000, 70_001])  # past 32768: rows held across programs on CUDA
 def test_softmax_backward_matches_pytorch(device, dtype, n_cols):
     x = 3 * torch.randn(pick(device, 3, 512), n_cols, device=device, dtype=dtype)
     for dim in [-1, 0] if n_cols < 1000 or device == "cuda" else [-1]:  # dim 0: one program per column
@@ -190,24 +190,6 @@ DESIGN_KERNELS = {  # forward, then backward
     ],
     "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_cooperative_kernel"],
 }
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_16_bit_backward_rows_stay_in_one_block_up_to_twice_the_limit(small_blocks, launched, monkeypatch, dtype):
-    """As on CUDA, scaled down: 16-bit rows of up to 2 * _MAX_BLOCK columns take
-    the one-block backward (its products rounded to the storage dtype), float32
-    rows the looped one; both match float64."""
-    monkeypatch.setitem(softmax_ops._BACKWARD_16BIT_ROWS, "cpu", 2)
-    x = (4 * torch.randn(9, 100)).to(dtype)  # 100 columns: past the 64-column block, within 128
-    grad = torch.randn_like(x)
-    y = torch.softmax(x.double(), -1).to(dtype)
-    launched.clear()
-    dx = torch.ops.tk.softmax_backward(grad, y, -1)
-    expected = "softmax_backward_kernel" if dtype != torch.float32 else "softmax_backward_looped_kernel"
-    assert launched == [expected], launched
-    y64 = y.double()
-    dx64 = y64 * (grad.double() - (grad.double() * y64).sum(-1, keepdim=True))
-    assert_close(dx, dx64, dtype, scale=2)
 
 
 def test_softmax_split_rule(monkeypatch):
@@ -324,7 +306,8 @@ def _cooperative_twice(kernel_name, tensors, n_partials, n_cols):
     program waits (each computes and publishes), then every program finds all
     partials of its rows published and combines those.  Both outputs."""
     n_rows = tensors[-1].numel() // n_cols
-    setup = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[kernel_name][4]
+    setups = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[kernel_name]
+    setup = setups[tensors[-1].element_size()]
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
     partials = [torch.full((n_rows, n_segments), float("nan")) for _ in range(n_partials)]
     arrived = torch.zeros(n_rows, dtype=torch.int32)
@@ -334,24 +317,26 @@ def _cooperative_twice(kernel_name, tensors, n_partials, n_cols):
         tensors[-1].fill_(float("nan"))
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
             *tensors, *partials, arrived, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._SEGMENT["cpu"], SEGMENTS_BLOCK=softmax_ops.next_power_of_2(n_segments), **flags,
+            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops.next_power_of_2(n_segments),
+            **dict(setup.constexprs), **flags,
         )
         outputs.append(tensors[-1].clone())
     assert (arrived == 2 * n_segments).all()  # each program counted itself in once per launch
     return outputs
 
 
-def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two setups of each direction
+def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
     """The path a GPU takes when all programs run at once (partials read from the
     scratch) and the one it takes when they do not (computed here): same bits."""
-    x = 4 * torch.randn(5, 100)
+    x = (4 * torch.randn(5, 100)).to(dtype)
     computed, published = _cooperative_twice("forward", (x, torch.empty_like(x)), 2, 100)
     assert torch.equal(computed, published)
-    assert_close(published, torch.softmax(x.double(), -1), torch.float32)
-    grad, y = torch.randn(5, 100), torch.softmax(x, -1)
+    assert_close(published, torch.softmax(x.double(), -1), dtype)
+    grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
     computed, published = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 1, 100)
     assert torch.equal(computed, published)
-    assert_close(published, y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), torch.float32)
+    assert_close(published, y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), dtype)
 
 
 def test_softmax_cooperative_rule(monkeypatch):
@@ -368,9 +353,11 @@ def test_softmax_cooperative_rule(monkeypatch):
         monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)
         cuda = torch.device("cuda", 0)
         bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
-        assert softmax_ops._SEGMENT["cuda"] == 8192  # the numbers below follow from it
+        assert bf16.segment == fp32.segment == 8192  # the numbers below follow from it
         assert softmax_ops._cooperative_plan(bf16, 1024, 65536, cuda) == (8, 49)  # 396 programs: 21 rounds of 49 rows
         assert softmax_ops._cooperative_plan(fp32, 1024, 65536, cuda) == (8, 32)  # 264 programs: 32 rounds of 32
+        backward_bf16 = softmax_ops._COOPERATIVE_BACKWARD[2]
+        assert softmax_ops._cooperative_plan(backward_bf16, 1024, 40000, cuda) == (5, 52)  # 264 // 5 rows, 20 rounds
         assert softmax_ops._cooperative_plan(bf16, 64, 1 << 20, cuda) == (128, 3)  # 3 rows at once: 22 rounds
         assert softmax_ops._cooperative_plan(fp32, 5, 40000, cuda) == (5, 5)  # fewer rows than the grid holds
         assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192, cuda) == (396, 1)  # the longest row held
@@ -387,8 +374,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments, one
     row and many, a strided dim; the path that computes partials itself gives
     the same bits; and torch.compile launches the kernels too."""
-    # Past 65536 columns: 16-bit rows up to there take the one-block backward.
-    cases = [((300, 70001), -1), ((3, (1 << 20) + 3), -1), ((66000, 5), 0), ((1000, 66000), -1)]
+    cases = [((300, 70001), -1), ((3, (1 << 20) + 3), -1), ((66000, 5), 0), ((1000, 66000), -1), ((500, 40000), -1)]
     for shape, dim in cases:
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
