@@ -87,19 +87,31 @@ def rotating_copies(args: tuple, l2_bytes: int, max_copies: int = GRAPH_MAX_COPI
     """``args`` and enough copies of it that their tensors fill twice ``l2_bytes`` (at most ``max_copies`` sets).
 
     A copy keeps each tensor's storage layout (size, strides, offset), so a
-    kernel sees the same alignment and strides as on the original."""
-    size = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+    kernel sees the same alignment and strides as on the original, and
+    tensors that share a storage (``add(x, x)``, two views of one buffer)
+    share its copy: the storage is counted and copied once."""
+    storages = {a.untyped_storage().data_ptr(): a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor)}
+    size = sum(storages.values())
     count = min(max_copies, max(1, -(-2 * l2_bytes // max(size, 1))))
-    return [args] + [tuple(_copy_storage(a) for a in args) for _ in range(count - 1)]
+    return [args] + [_copy_set(args) for _ in range(count - 1)]
 
 
-def _copy_storage(a):
-    if not isinstance(a, torch.Tensor):
-        return a
-    copy = torch.empty(0, dtype=a.dtype, device=a.device).set_(
-        a.untyped_storage().clone(), a.storage_offset(), a.size(), a.stride()
-    )
-    return copy.requires_grad_(a.requires_grad)
+def _copy_set(args: tuple) -> tuple:
+    """One copy of ``args``: a new storage per storage, each tensor viewed on its copy as on the original."""
+    copied = {}
+
+    def copy(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        storage = a.untyped_storage()
+        if storage.data_ptr() not in copied:
+            copied[storage.data_ptr()] = storage.clone()
+        view = torch.empty(0, dtype=a.dtype, device=a.device).set_(
+            copied[storage.data_ptr()], a.storage_offset(), a.size(), a.stride()
+        )
+        return view.requires_grad_(a.requires_grad)
+
+    return tuple(copy(a) for a in args)
 
 
 def bench_cudagraph(

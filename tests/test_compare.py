@@ -325,6 +325,20 @@ def test_rotating_copies_fill_twice_the_cache_and_keep_the_layout():
     assert len(timing.rotating_copies((view,), l2_bytes=100)) == 1  # inputs larger than the cache: no copy
 
 
+def test_rotating_copies_keep_inputs_that_share_a_storage_shared():
+    x = torch.arange(100, dtype=torch.float32)
+    other = torch.ones(50)
+    copies = timing.rotating_copies((x, x, x[10:20], other), l2_bytes=1200)
+    assert len(copies) == 4  # ceil(2 * 1200 / (400 + 200)): the shared storage counted once
+    for a, b, c, d in copies[1:]:
+        assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+        assert a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        assert d.untyped_storage().data_ptr() not in (a.untyped_storage().data_ptr(), other.untyped_storage().data_ptr())
+        assert torch.equal(c, x[10:20]) and c.storage_offset() == 10 and torch.equal(d, other)
+        a.add_(1)  # one buffer: a write through one view shows in the others
+        assert torch.equal(b, a) and torch.equal(c, a[10:20])
+
+
 def test_report_gives_the_cuda_graph_speedup_over_eager():
     def record(variant, median, graph, status="ok"):
         fields = dict.fromkeys(["p20_ms", "p80_ms", "first_call_ms", "error", "gbps", "tflops", "limit_share",
