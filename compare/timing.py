@@ -3,8 +3,9 @@
 CUDA: ``triton.testing.do_bench``: CUDA events around each call, the L2
 cache flushed (a 256 MB buffer zeroed) before every repetition, warm-up
 first.  Its figure includes the host time to launch the call, which is what
-a user pays for a small tensor.  For small calls we also give the CUDA-graph
-replay time, the time without launch overhead.  A graph replays too fast for
+a user pays for a small tensor.  For calls under 250 µs
+(``runner.CUDAGRAPH_BELOW_MS``) we also give the CUDA-graph replay time,
+the time without launch overhead.  A graph replays too fast for
 an L2 flush between calls, so the graph calls the op in turn on *copies* of
 its inputs, enough of them to fill twice the L2 cache: each call then reads
 its inputs from DRAM, as after a flush.  (Without that, a 32 MB weight read by
@@ -28,7 +29,7 @@ import torch
 
 CUDA_METHOD = (
     "triton.testing.do_bench (CUDA events, L2 flushed before each repetition), pooled over interleaved rounds;"
-    " small calls also as CUDA-graph replays over rotating copies of the inputs (cold L2)"
+    " calls under 250 µs also as CUDA-graph replays over rotating copies of the inputs (cold L2)"
 )
 GRAPH_MAX_COPIES = 256  # inputs under (2 x L2) / 256, about 400 KB on an H100, stay partly in L2
 GRAPH_CALLS = 100  # calls per graph at least: a replay's own launch (10-30 µs) is shared by them all
