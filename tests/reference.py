@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 # Each test runs on the CPU (Triton's interpreter) and, marked `gpu`, on CUDA.
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -30,6 +31,18 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale
 def leaf64(t: torch.Tensor) -> torch.Tensor:
     """A fresh float64 leaf with t's values, for PyTorch's reference gradients."""
     return t.detach().to(torch.float64, copy=True).requires_grad_()
+
+
+def pytorch_gelu(t: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu in t's dtype: where PyTorch puts NaN and infinities, and its rounding.
+
+    On CPU, torch 2.13's vectorized kernel (AVX-512; float32, and the half
+    types, which compute in float32) gives NaN for gelu(+inf) and inf for
+    gelu(3e38), where its float64 kernel, its one-element path and CUDA
+    give x.  There the float64 result, rounded to t's dtype, stands in."""
+    if approximate == "none" and t.device.type == "cpu" and t.dtype != torch.float64:
+        return F.gelu(t.double(), approximate="none").to(t.dtype)
+    return F.gelu(t, approximate=approximate)
 
 
 def strided_versions(x: torch.Tensor):
