@@ -65,6 +65,21 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def warps_for(elements: int, per_thread: int = 16) -> int:
+    """num_warps for a block of `elements`: about `per_thread` a thread, 1 to 32 warps."""
+    return min(max(elements // (32 * per_thread), 1), 32)
+
+
+def at_most(size, bound: int) -> int:
+    """min(size, bound) as a Python int.
+
+    Under torch.compile with dynamic shapes a size is symbolic, while block
+    sizes and program counts must be plain ints.  Comparing the size with
+    the bound (one guard) keeps a large dynamic size dynamic; only a size
+    below the bound, which then decides the launch, is specialized."""
+    return bound if size >= bound else int(size)
+
+
 def _hooks_in_use() -> bool:
     """Launch hooks (profilers) need Triton's own path: None, or an empty HookChain, means none."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):

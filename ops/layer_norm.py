@@ -69,7 +69,7 @@ import triton
 import triton.language as tl
 
 from ._device import kind as _kind, sm_count as _sm_count
-from ._launch import cdiv, next_power_of_2
+from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
 
 # --------------------------------------------------------------------------
@@ -530,11 +530,6 @@ _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
 
 
-def _warps(elements: int, per_thread: int = 16) -> int:
-    """num_warps for a block of `elements`: about `per_thread` a thread, 1 to 32 warps."""
-    return min(max(elements // (32 * per_thread), 1), 32)
-
-
 def _register_limit(limits: dict, kind: str, dtype: torch.dtype) -> int:
     """An element limit from `limits`, halved for float64 on the GPU (two registers a value)."""
     return limits[kind] // 2 if kind == "cuda" and dtype == torch.float64 else limits[kind]
@@ -545,20 +540,10 @@ def _fits_a_block(n_cols: int, limits: dict, x: torch.Tensor) -> bool:
     return next_power_of_2(n_cols) <= _register_limit(limits, _kind(x.device), x.dtype)
 
 
-def _at_most(size, bound: int) -> int:
-    """min(size, bound) as a Python int.
-
-    Under torch.compile with dynamic shapes a size is symbolic, while block
-    sizes and program counts must be plain ints.  Comparing the size with
-    the bound (one guard) keeps a large dynamic size dynamic; only a size
-    below the bound, which then decides the launch, is specialized."""
-    return bound if size >= bound else int(size)
-
-
 def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements."""
     block_n = next_power_of_2(n_cols)
-    block_m = next_power_of_2(_at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
+    block_m = next_power_of_2(at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
     return block_m, block_n
 
 
@@ -571,8 +556,8 @@ def _backward_programs(work_items, n_rows, device: torch.device) -> int:
     _MIN_ROWS_PER_PROGRAM rows each: a program with one row would write a
     float32 partial as large as the row it read, and the column sum would
     read it all again."""
-    bound = _at_most(n_rows // _MIN_ROWS_PER_PROGRAM, _target_programs(device))
-    return max(1, _at_most(work_items, bound))
+    bound = at_most(n_rows // _MIN_ROWS_PER_PROGRAM, _target_programs(device))
+    return max(1, at_most(work_items, bound))
 
 
 def _target_programs(device: torch.device) -> int:
@@ -601,10 +586,10 @@ def normalize(kernels: NormKernels, x, weight, bias, eps: float, n_cols: int) ->
     if _fits_a_block(n_cols, _MAX_BLOCK, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
         grid = (cdiv(n_rows, block_m),)
-        _launch(kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_warps(block_m * block_n))
+        _launch(kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps_for(block_m * block_n))
     else:
         chunk = _CHUNK[kind]
-        _launch(kernels.forward_long_rows, (n_rows,), *args, **flags, BLOCK_M=1, BLOCK_N=chunk, num_warps=_warps(chunk))
+        _launch(kernels.forward_long_rows, (n_rows,), *args, **flags, BLOCK_M=1, BLOCK_N=chunk, num_warps=warps_for(chunk))
     return y
 
 
@@ -630,14 +615,14 @@ def normalize_backward(
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
         _launch(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
-            **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=_warps(block_m * block_n, per_thread=8),
+            **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps_for(block_m * block_n, per_thread=8),
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]
         stats = torch.empty(n_rows, _STATS, dtype=_compute_dtype(x), device=x.device)
         _launch(
             kernels.backward_stats, (n_rows,), grad, x, w, stats, n_cols, eps,
-            HAS_WEIGHT=weight is not None, BLOCK_N=chunk, num_warps=_warps(chunk, per_thread=8),
+            HAS_WEIGHT=weight is not None, BLOCK_N=chunk, num_warps=warps_for(chunk, per_thread=8),
         )  # fmt: skip
         n_chunks = cdiv(n_cols, chunk)
         # About as many programs as the short-row design, spread over the chunks.
@@ -645,7 +630,7 @@ def normalize_backward(
         dw_partial, db_partial = _partials(n_groups, n_cols, x, dx, weight_grad, bias_grad)
         _launch(
             kernels.backward_columns, (n_groups, n_chunks), grad, x, w, stats, dx, dw_partial, db_partial,
-            n_rows, n_cols, **flags, BLOCK_N=chunk, num_warps=_warps(chunk, per_thread=8),
+            n_rows, n_cols, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk, per_thread=8),
         )  # fmt: skip
     if weight_grad:
         _column_sum(dw_partial, dw, n_cols)

@@ -309,6 +309,7 @@ class SoftmaxDesign:
     programs: int
     cooperative: bool  # rows past a block held across programs (on CPU: each computes its row's partials)
     segment: int
+    row_tile: int  # short rows stacked to about this many elements a program
 
     @contextlib.contextmanager
     def applied(self):
@@ -319,6 +320,7 @@ class SoftmaxDesign:
             mock.patch.object(softmax_module, "_CPU_PROGRAMS", self.programs),
             mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": self.cooperative}),
             mock.patch.object(softmax_module, "_CPU_SEGMENT", self.segment),
+            mock.patch.dict(softmax_module._ROW_TILE, {"cpu": self.row_tile}),
         ):
             yield
 
@@ -349,6 +351,7 @@ def softmax_cases(draw, device):
             programs=draw(st.sampled_from([1, 8, 21])),
             cooperative=draw(st.booleans()),
             segment=draw(st.sampled_from([16, 32])),
+            row_tile=draw(st.sampled_from([1, 64, 1 << 14])),
         )
     return dtype, dim, design, draw(inputs(shape))
 

@@ -148,6 +148,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setitem(softmax_ops._CHUNK, "cpu", 16)
     monkeypatch.setattr(softmax_ops, "_MIN_SEGMENT_CHUNKS", 2)
     monkeypatch.setattr(softmax_ops, "_CPU_PROGRAMS", 8)
+    monkeypatch.setitem(softmax_ops._ROW_TILE, "cpu", 256)  # short rows: tiles of up to 256 elements
 
 
 @pytest.fixture
@@ -159,6 +160,12 @@ def launched(monkeypatch):
         names.append(kernel.__name__)
         return run(kernel, *args, **kwargs)
 
+    run_rows = softmax_ops._run_rows
+
+    def spy_rows(kernel, *args, **kwargs):
+        names.append(kernel.__name__)
+        return run_rows(kernel, *args, **kwargs)
+
     run_cooperative = softmax_ops._run_cooperative
 
     def spy_cooperative(setup, *args, **kwargs):
@@ -166,6 +173,7 @@ def launched(monkeypatch):
         return run_cooperative(setup, *args, **kwargs)
 
     monkeypatch.setattr(softmax_ops, "_run", spy)
+    monkeypatch.setattr(softmax_ops, "_run_rows", spy_rows)
     monkeypatch.setattr(softmax_ops, "_run_cooperative", spy_cooperative)
     return names
 
@@ -189,6 +197,31 @@ DESIGN_KERNELS = {  # forward, then backward
     ],
     "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_cooperative_kernel"],
 }
+
+
+def test_softmax_short_rows_rule(monkeypatch):
+    """Short rows stack into tiles of up to _ROW_TILE elements, but the grid keeps
+    _target_programs programs (4 an SM); long rows keep a program each."""
+    monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)  # an H100: at least 528 programs
+    assert softmax_ops._ROW_TILE["cuda"] == 1024  # the numbers below follow from it
+    cuda = torch.device("cuda", 0)
+
+    def rows(n_rows, n_cols):
+        return softmax_ops._rows_per_program(n_rows, softmax_ops.next_power_of_2(n_cols), cuda)
+
+    assert rows(65536, 128) == 8  # the tile: 8192 programs, where one row each ran 65536
+    assert rows(16384, 64) == 16
+    assert rows(4096, 128) == 4  # 1024 programs: 8 rows would leave 512
+    assert rows(4096, 512) == 2
+    assert rows(1000, 100) == rows(300, 1000) == rows(1, 2) == 1  # too few rows to stack
+    assert rows(4096, 1024) == rows(4096, 16384) == 1
+    for n_rows in [1, 3, 100, 4096, 10**6]:
+        for n_cols in [1, 7, 128, 1000, 5000]:
+            block = softmax_ops.next_power_of_2(n_cols)
+            per_program = rows(n_rows, n_cols)
+            assert per_program & (per_program - 1) == 0  # a power of two: a tl.arange length
+            assert per_program * block <= max(1024, block)
+            assert per_program == 1 or n_rows // per_program >= 528
 
 
 def test_softmax_split_rule(monkeypatch):
@@ -231,7 +264,10 @@ def test_softmax_designs_match_float64(small_blocks, launched, dtype):
         ((1, 200), -1, "split"),  # one row: 5 segments, the last of 8 columns
         ((2, 100, 3), 1, "split"),  # a non-last dim, elements 3 apart: 2 segments, 64 and 36 columns
         ((9, 70), -1, "looped"),  # enough rows for one program each
-        ((3, 50), -1, "single"),
+        ((3, 50), -1, "single"),  # a row a program: too few rows for 8 programs of more
+        ((37, 10), -1, "single"),  # tiles of 4 rows of 16 columns: the last tile holds one row
+        ((40, 7, 3), 1, "single"),  # a non-last dim in tiles of 8 rows: elements 3 apart
+        ((40, 1), -1, "single"),  # rows of one column, 4 a tile
     ]
     for shape, dim, design in cases:
         launched.clear()
@@ -388,6 +424,24 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
     # Traced for Inductor: the forward on every compile; the backward's trace may come from Inductor's cache.
     assert launched[:1] == DESIGN_KERNELS["cooperative"][:1], launched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_softmax_short_rows_on_the_gpu(launched, dtype):
+    """Short rows stacked into tiles on the GPU: last tiles part full, rows of
+    one column, a strided dim, -inf rows inside a tile; and under torch.compile."""
+    cases = [((4096, 128), -1), ((4097, 100), -1), ((3, 5), -1), ((70000, 1), -1), ((64, 33, 129), 1), ((100, 3000), 0)]
+    for shape, dim in cases:
+        x = (4 * torch.randn(shape, device="cuda")).to(dtype)
+        check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
+    x = torch.randn(4097, 100, device="cuda", dtype=dtype)
+    x[1::3] = -float("inf")  # every third row NaN, its neighbours in the tile not
+    torch.testing.assert_close(torch.ops.tk.softmax(x, -1), torch.softmax(x, -1), equal_nan=True)
+    compiled = torch.compile(lambda t, dim: torch.ops.tk.softmax(t, dim), fullgraph=True)
+    launched.clear()
+    check_softmax_and_gradient(compiled, (4 * torch.randn(1000, 200, device="cuda")).to(dtype), -1)
+    assert launched[:1] == DESIGN_KERNELS["single"][:1], launched
 
 
 # --------------------------------------------------------------------- matmul
