@@ -221,6 +221,29 @@ def test_variant_really_out_of_gpu_memory_at_the_largest_size(tmp_path, spec):
     assert torch.cuda.memory_allocated() <= before + (64 << 20)  # nothing of the failed attempt is held
 
 
+@pytest.mark.gpu
+def test_variant_that_cannot_be_captured_in_a_cuda_graph(tmp_path, spec):
+    """A variant that reads a value back to the host (.item()) cannot be captured
+    in a CUDA graph: its graph cell stays empty, while its median and the other
+    variants' graph times stand."""
+
+    def host_sync(x):
+        scale = x.abs().max().item()  # a device-to-host copy: graph capture refuses it
+        return torch.sigmoid(x * scale) if scale == 1 else torch.sigmoid(x)
+
+    spec(unfused={"eager-sync": host_sync}, shapes=((4096,),))
+    assert run(tmp_path, "--op", OP, "--variants", "eager,unfused,tk", "--shapes", "4096", device="cuda") == 0
+    by = records(tmp_path / OP)
+    sync = by["eager-sync", 4096]
+    assert sync["status"] == "ok" and sync["median_ms"] > 0 and sync["cudagraph_ms"] is None
+    assert by["eager", 4096]["cudagraph_ms"] > 0 and by["tk", 4096]["cudagraph_ms"] > 0
+    table = [line.split("|")[1:-1] for line in (tmp_path / OP / "report.md").read_text().splitlines()
+             if line.startswith("| variant") or line.startswith("| eager")]  # fmt: skip
+    column = [cell.strip() for cell in table[0]].index("CUDA graph (vs eager)")
+    cells = {row[0].strip().rstrip(" *"): row[column].strip() for row in table[1:]}
+    assert cells["eager-sync"] == "" and cells["eager"].endswith("(1.00x)"), cells
+
+
 def test_compile_that_fails(logs, spec, monkeypatch):
     """Inductor crashing inside torch.compile: the compiled variants fail with
     Dynamo's message, the eager ones and tk report, the capture index is written."""
