@@ -426,6 +426,17 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     assert launched[:1] == DESIGN_KERNELS["cooperative"][:1], launched
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_compiled_with_dynamic_shapes(device):
+    """dynamic=True: the row count is symbolic while tracing; the tile rule turns
+    it into plain ints (a guard), and each shape still gets a right answer."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.ops.tk.softmax(t, -1), fullgraph=True, dynamic=True)
+    for n_rows in pick(device, [3, 40, 200], [3, 5000, 70000]):
+        x = torch.randn(n_rows, 100, device=device)
+        assert_close(compiled(x), torch.softmax(x.double(), -1), torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_softmax_short_rows_on_the_gpu(launched, dtype):
