@@ -330,6 +330,7 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     x[4] = x[4] * 1e30  # each segment's max far from the others'
     x[5, 50] = 1e38  # one value dominates
     x[6] = x[6] - 1e4  # far below 0: a padding lane of the partials must not count as 0
+    x[7, :32], x[7, 32:] = -float("inf"), x[7, 32:] - 1e4  # exp(0 - row max) of the -inf segment overflows
     y = torch.ops.tk.softmax(x, -1)
     torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
     assert y[0].isnan().all() and not y[1:].isnan().any()
