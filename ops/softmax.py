@@ -625,12 +625,12 @@ def _rows_per_program(n_rows, block: int, device: torch.device) -> int:
     """BLOCK_M: how many whole rows of `block` columns one program reduces.
 
     Every program costs the GPU a start: 65536 rows of 128 bfloat16 columns,
-    one a program, ran 41 us on an H100 where tiles of 8 rows took 10 us
+    one a program, ran 41 µs on an H100 where tiles of 8 rows took 10 µs
     (CUDA-graph time).  Rows are stacked up to _ROW_TILE elements, but never
     below _target_programs programs: at 1000x100 one row a program ran 1.8-2.2
-    us and tiles of 4 rows (250 programs) 2.5-2.9.  Rows of 1024 columns or
+    µs and tiles of 4 rows (250 programs) 2.5-2.9.  Rows of 1024 columns or
     more keep a program each; larger tiles lost there (4096x1024 float32:
-    10.6 us a row a program, 12.1-13.3 in tiles of 4 rows)."""
+    10.6 µs a row a program, 12.1-13.3 in tiles of 4 rows)."""
     kind = _kind(device)
     rows = at_most(n_rows // _target_programs(device), max(1, _ROW_TILE[kind] // block))
     return 1 << (max(rows, 1).bit_length() - 1)  # down to a power of two, a tl.arange length
