@@ -153,28 +153,21 @@ def small_blocks(monkeypatch):
 
 @pytest.fixture
 def launched(monkeypatch):
+    """The names of the softmax kernels launched, in order (the three launch helpers spied on)."""
     names = []
-    run = softmax_ops._run
 
-    def spy(kernel, *args, **kwargs):
-        names.append(kernel.__name__)
-        return run(kernel, *args, **kwargs)
+    def spy_on(helper, name_of):
+        run = getattr(softmax_ops, helper)
 
-    run_rows = softmax_ops._run_rows
+        def spy(kernel, *args, **kwargs):
+            names.append(name_of(kernel))
+            return run(kernel, *args, **kwargs)
 
-    def spy_rows(kernel, *args, **kwargs):
-        names.append(kernel.__name__)
-        return run_rows(kernel, *args, **kwargs)
+        monkeypatch.setattr(softmax_ops, helper, spy)
 
-    run_cooperative = softmax_ops._run_cooperative
-
-    def spy_cooperative(setup, *args, **kwargs):
-        names.append(setup.kernel.fn.__name__)
-        return run_cooperative(setup, *args, **kwargs)
-
-    monkeypatch.setattr(softmax_ops, "_run", spy)
-    monkeypatch.setattr(softmax_ops, "_run_rows", spy_rows)
-    monkeypatch.setattr(softmax_ops, "_run_cooperative", spy_cooperative)
+    spy_on("_run", lambda kernel: kernel.__name__)
+    spy_on("_run_rows", lambda kernel: kernel.__name__)
+    spy_on("_run_cooperative", lambda setup: setup.kernel.fn.__name__)
     return names
 
 
