@@ -403,6 +403,12 @@ def _load_stored(ptr, row, n_rows, cols, n_cols, inner, other):
 
 
 @triton.jit
+def _load_x(x_ptr, row, n_rows, cols, n_cols, inner):
+    """A segment of x in the compute dtype (-inf past the last row)."""
+    return _compute_dtype(_load_stored(x_ptr, row, n_rows, cols, n_cols, inner, -float("inf")))
+
+
+@triton.jit
 def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):
     """Every segment's (max, sum) of a row, computed by this program: the same
     code on the same blocks as the programs that own them, so the same bits."""
@@ -420,26 +426,31 @@ def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.
 @triton.jit
 def softmax_forward_cooperative_kernel(
     x_ptr, y_ptr, max_ptr, sum_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr,
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y.
 
     The segment's exp(x - segment max), computed for its sum, is kept rather
     than x: after the wait y is that times one factor, exp(segment max - row
-    max) / row sum, with no second exp over the segment."""
+    max) / row sum, with no second exp over the segment.  LOAD_NEXT: when the
+    next round's segment is loaded (see _next_load): "before_partial" or
+    "during_wait" stream it in while this round works and waits, holding two
+    segments; "after_store" holds one."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
-    x = _compute_dtype(_load_stored(x_ptr, first_row, n_rows, cols, n_cols, inner, -float("inf")))
+    x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
+        next_row = row + rows_at_once
         start = _row_start(row, n_cols, inner)
+        if LOAD_NEXT == "before_partial":
+            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         seg_max, numerator = _block_max_exp(x)
         at = _partial_at(row, segment, n_segments)
         tl.store(max_ptr + at, seg_max)
         tl.store(sum_ptr + at, tl.sum(numerator, axis=0))
         seen = _arrive(arrived_ptr, row)
-        # The next round's segment streams in while this program waits for the
-        # others: without it the SM reads nothing during the wait.
-        x_next = _compute_dtype(_load_stored(x_ptr, row + rows_at_once, n_rows, cols, n_cols, inner, -float("inf")))
+        if LOAD_NEXT == "during_wait":
+            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
             part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
             part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
@@ -449,6 +460,8 @@ def softmax_forward_cooperative_kernel(
             seg_max, numerator = _block_max_exp(_load_row(x_ptr, start, cols, n_cols, inner, -float("inf")))
         row_max, row_sum = _combine_partials(part_max, part_sum)
         _store_row(y_ptr, start, cols, n_cols, inner, numerator * _rescale(seg_max, row_max, row_sum))
+        if LOAD_NEXT == "after_store":
+            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         x = x_next
 
 
@@ -460,6 +473,13 @@ def _segment_dot(dy, y, NATIVE_16BIT: tl.constexpr):
 
 
 @triton.jit
+def _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner):
+    """A segment of dy and of y, in their storage dtype (zeros past the last row)."""
+    dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+    return dy, _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+
+
+@triton.jit
 def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr,
                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
     """Every segment's sum(dy * y) of a row, computed by this program (see _segments_max_sum_here)."""
@@ -467,8 +487,7 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
     part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
     for segment in range(0, n_segments):
         cols = segment * SEGMENT + tl.arange(0, SEGMENT)
-        dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
-        y = _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+        dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
         part_dot = tl.where(segments == segment, _segment_dot(dy, y, NATIVE_16BIT), part_dot)
     return part_dot
 
@@ -476,37 +495,35 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
 @triton.jit
 def softmax_backward_cooperative_kernel(
     dy_ptr, y_ptr, dx_ptr, dot_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, LOAD_AHEAD: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, LOAD_NEXT: tl.constexpr,
 ):
     """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx.
 
-    LOAD_AHEAD: the next round's dy and y stream in during the wait, as in the
-    forward; it doubles the registers held, which 16-bit segments can afford."""
+    LOAD_NEXT: when the next round's dy and y are loaded (see _next_load):
+    "before_partial" or "during_wait" hold two rounds in registers, which
+    16-bit segments can afford; "after_store" holds one."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
-    dy = _load_stored(dy_ptr, first_row, n_rows, cols, n_cols, inner, 0.0)
-    y = _load_stored(y_ptr, first_row, n_rows, cols, n_cols, inner, 0.0)
+    dy, y = _load_dy_y(dy_ptr, y_ptr, first_row, n_rows, cols, n_cols, inner)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
+        next_row = row + rows_at_once
+        if LOAD_NEXT == "before_partial":
+            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
         tl.store(dot_ptr + _partial_at(row, segment, n_segments), _segment_dot(dy, y, NATIVE_16BIT))
         seen = _arrive(arrived_ptr, row)
-        next_row = row + rows_at_once
-        if LOAD_AHEAD:
-            dy_next = _load_stored(dy_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
-            y_next = _load_stored(y_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
+        if LOAD_NEXT == "during_wait":
+            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
         if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
             part_dot = _row_partials(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
         else:
             part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT, SEGMENT, SEGMENTS_BLOCK)
             # Read this segment again rather than keep it in registers through the loop above.
-            dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
-            y = _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+            dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
         dot = tl.sum(part_dot, axis=0)
         _store_row(dx_ptr, _row_start(row, n_cols, inner), cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
-        if LOAD_AHEAD:
-            dy, y = dy_next, y_next
-        else:
-            dy = _load_stored(dy_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
-            y = _load_stored(y_ptr, next_row, n_rows, cols, n_cols, inner, 0.0)
+        if LOAD_NEXT == "after_store":
+            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
+        dy, y = dy_next, y_next
 
 
 # --------------------------------------------------------------------------
@@ -569,26 +586,45 @@ class _Cooperative:
     warps: int
     registers: int  # the cap, per thread
     programs_per_sm: int  # wanted; fewer where the SM holds fewer
-    constexprs: tuple = ()  # (name, value) pairs the kernel is launched with
+    load_ahead: bool  # the next round's segment is loaded before this one is written (two held at once)
 
 
-def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int, **constexprs) -> _Cooperative:
+def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int, load_ahead: bool) -> _Cooperative:
     # A one-config autotune only carries the register cap (maxnreg), which a
     # launch argument would not carry through torch.compile.
     config = triton.Config({}, num_warps=warps, maxnreg=registers)
     tuned = triton.autotune(configs=[config], key=[])(kernel)
-    return _Cooperative(tuned, segment, warps, registers, programs_per_sm, tuple(constexprs.items()))
+    return _Cooperative(tuned, segment, warps, registers, programs_per_sm, load_ahead)
 
 
 # Keyed by element size (float64 keeps the other designs).
 _COOPERATIVE_FORWARD = {
-    2: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 80, 3),
-    4: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 128, 2),
+    2: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 80, 3, load_ahead=True),
+    4: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=True),
 }
 _COOPERATIVE_BACKWARD = {
-    2: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, LOAD_AHEAD=True),
-    4: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, LOAD_AHEAD=False),
+    2: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=True),
+    4: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=False),
 }
+
+# Where a program loading ahead issues the next round's loads.  A row of few
+# segments waits briefly for its partials, so most of a round is the
+# partial's own work (the exp, the reductions): loads issued before it
+# overlap it.  A row of many segments waits on the slowest of many programs,
+# and loads issued after the publish fill that wait.  H100, % of copy, rows
+# of 5 / 8 / 16 / 32 / 64 / 128 segments, during the wait -> before the
+# partial: bf16 backward 84 / 86 / 89 / 89 / 84 / 82 -> 90 / 90 / 92 / 89 /
+# 85 / 80; float32 forward 83 / 85 / 87 / 87 / 84 / 83 -> 88 / 88 / 89 / 88
+# / 84 / 80; bf16 forward 74 / 78 / 79 / 81 / 75 / 74 -> 76 / 80 / 79 / 82 /
+# 74 / 71.
+_LOAD_BEFORE_PARTIAL_SEGMENTS = 32
+
+
+def _next_load(setup: _Cooperative, n_segments: int) -> str:
+    """The cooperative kernels' LOAD_NEXT: when the next round's segment is loaded."""
+    if not setup.load_ahead:
+        return "after_store"
+    return "before_partial" if n_segments <= _LOAD_BEFORE_PARTIAL_SEGMENTS else "during_wait"
 
 
 @dataclass(frozen=True)
@@ -695,7 +731,8 @@ def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inn
     arrived = torch.zeros(n_rows, dtype=torch.int32, device=like.device)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
-        SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=next_power_of_2(n_segments), **dict(setup.constexprs), **flags,
+        SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=next_power_of_2(n_segments),
+        LOAD_NEXT=_next_load(setup, n_segments), **flags,
     )
 
 

@@ -330,7 +330,7 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     assert launched == DESIGN_KERNELS["cooperative"][:1]
 
 
-def _cooperative_twice(kernel_name, tensors, n_partials, n_cols):
+def _cooperative_twice(kernel_name, tensors, n_partials, n_cols, load_next):
     """Launch a cooperative kernel on CPU twice over the same scratch: first no
     program waits (each computes and publishes), then every program finds all
     partials of its rows published and combines those.  Both outputs."""
@@ -347,25 +347,42 @@ def _cooperative_twice(kernel_name, tensors, n_partials, n_cols):
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
             *tensors, *partials, arrived, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
             SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops.next_power_of_2(n_segments),
-            **dict(setup.constexprs), **flags,
+            LOAD_NEXT=load_next, **flags,
         )
         outputs.append(tensors[-1].clone())
     assert (arrived == 2 * n_segments).all()  # each program counted itself in once per launch
     return outputs
 
 
+LOAD_PLACES = ("before_partial", "during_wait", "after_store")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two setups of each direction
 def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
     """The path a GPU takes when all programs run at once (partials read from the
-    scratch) and the one it takes when they do not (computed here): same bits."""
+    scratch) and the one it takes when they do not (computed here): same bits,
+    wherever the next round's loads are issued."""
     x = (4 * torch.randn(5, 100)).to(dtype)
-    computed, published = _cooperative_twice("forward", (x, torch.empty_like(x)), 2, 100)
-    assert torch.equal(computed, published)
-    assert_close(published, torch.softmax(x.double(), -1), dtype)
     grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
-    computed, published = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 1, 100)
-    assert torch.equal(computed, published)
-    assert_close(published, y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), dtype)
+    forward, backward = [], []
+    for load_next in LOAD_PLACES:
+        forward += _cooperative_twice("forward", (x, torch.empty_like(x)), 2, 100, load_next)
+        backward += _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 1, 100, load_next)
+    assert all(torch.equal(out, forward[0]) for out in forward[1:])
+    assert all(torch.equal(out, backward[0]) for out in backward[1:])
+    assert_close(forward[0], torch.softmax(x.double(), -1), dtype)
+    assert_close(backward[0], y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), dtype)
+
+
+def test_softmax_cooperative_next_load_rule():
+    """Rows of up to 32 segments load the next round before the partial, longer
+    ones during the wait; a setup that does not load ahead loads after the store."""
+    bf16_backward, fp32_backward = softmax_ops._COOPERATIVE_BACKWARD[2], softmax_ops._COOPERATIVE_BACKWARD[4]
+    assert [softmax_ops._next_load(bf16_backward, n) for n in (1, 8, 32, 33, 128)] == (
+        ["before_partial"] * 3 + ["during_wait"] * 2
+    )
+    assert softmax_ops._next_load(fp32_backward, 8) == softmax_ops._next_load(fp32_backward, 128) == "after_store"
+    assert all(setup.load_ahead for setup in softmax_ops._COOPERATIVE_FORWARD.values())
 
 
 def test_softmax_cooperative_rule(monkeypatch):
@@ -413,6 +430,11 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
             patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
             assert torch.equal(torch.ops.tk.softmax(x, dim), y)
             assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
+        for segments in (0, 1 << 30):  # the next round's loads issued at the other place: same bits
+            with monkeypatch.context() as patch:
+                patch.setattr(softmax_ops, "_LOAD_BEFORE_PARTIAL_SEGMENTS", segments)
+                assert torch.equal(torch.ops.tk.softmax(x, dim), y)
+                assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
     compiled = torch.compile(lambda t, dim: torch.ops.tk.softmax(t, dim), fullgraph=True)
     launched.clear()
     check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
