@@ -34,6 +34,7 @@ a torch without that launcher, keeps Triton's.
 """
 
 import operator
+import threading
 
 import torch
 
@@ -51,6 +52,18 @@ except AttributeError:
     _launch_kernel = None
 
 _INT32_MIN, _INT32_END = -(2**31), 2**31
+
+# The native lane's recorder (``_native.Recording``) while a body runs under it:
+# each launch is reported to it, or spoils it if it does not go through
+# PyTorch's C++ launcher (the only kind the native lane replays).
+recording = threading.local()
+recording.current = None
+
+
+def spoil_recording(reason: str) -> None:
+    current = getattr(recording, "current", None)
+    if current is not None:
+        current.spoil(reason)
 
 
 # Grid and block arithmetic on the host.  triton.cdiv and
@@ -182,6 +195,7 @@ class FastKernel:
     def _launch(self, grid, args, kwargs):
         key = specialization_key(args, kwargs)
         if key is None or _hooks_in_use():
+            spoil_recording("a launch through Triton's own path")
             return self.kernel[grid](*args, **kwargs)
         device = _current_device()
         if self.autotuner is not None:
@@ -191,6 +205,7 @@ class FastKernel:
             key = (key, device)
         found = self.binaries.get(key)
         if found is None:
+            spoil_recording("a first launch (compiling or autotuning)")
             compiled = self.kernel[grid](*args, **kwargs)  # Triton's own path: compile, autotune, launch
             self._remember(key, grid, args, kwargs, compiled)
             return compiled
@@ -204,11 +219,16 @@ class FastKernel:
         stream = self.current_stream(device)
         if direct is not None:
             function, warps, shared, types, pick, scratch = direct
+            values = pick((*args, *tail)) + scratch
             try:
-                _launch_kernel(function, x, y, z, warps, shared, types, pick((*args, *tail)) + scratch, stream)
+                _launch_kernel(function, x, y, z, warps, shared, types, values, stream)
+                current = getattr(recording, "current", None)
+                if current is not None:
+                    current.launch(compiled, function, (x, y, z), warps, shared, types, values)
                 return compiled
             except (TypeError, ValueError, RuntimeError):  # refused: Triton's launcher from now on (its error, if any)
                 self.binaries[key] = (compiled, tail, config, None)
+        spoil_recording("a launch through Triton's launcher")
         # launch metadata and the two hooks: None, they are only for launch hooks, which take Triton's path
         compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
         return compiled

@@ -44,8 +44,9 @@ try:  # the autograd kernel custom_op registers; the eager shortcut falls back t
 except ImportError:  # pragma: no cover - a torch without it keeps the plain triton_op path
     make_autograd_impl = None
 
+from . import _native
 from ._interpreter import InterpretedKernel
-from ._launch import fast_kernel
+from ._launch import FastKernel, fast_kernel, spoil_recording
 
 NAMESPACE = "tk"
 
@@ -77,9 +78,15 @@ def launcher(kernel, like: torch.Tensor):
     nothing runs.
     """
     if like.device.type == "cuda":
-        return fast_kernel(kernel) if getattr(_direct, "on", False) else wrap_triton(kernel)
+        if not getattr(_direct, "on", False):
+            return wrap_triton(kernel)
+        fast = fast_kernel(kernel)
+        if not isinstance(fast, FastKernel):
+            spoil_recording(f"{kernel} launches through Triton's own path")
+        return fast
     if like.device.type == "meta" or is_fake(like):
         return _SKIP
+    spoil_recording("a kernel run by Triton's interpreter")
     found = _interpreted.get(id(kernel))
     if found is None:
         found = _interpreted[id(kernel)] = InterpretedKernel(kernel)
@@ -207,9 +214,15 @@ def _register_eager(name: str, op, body: Callable) -> None:
     def eager_backend(*args, **kwargs):
         return _run_direct(body, args, kwargs)
 
-    for device in ("CUDA", "CPU"):
+    if _NATIVE_CUDA:  # C++ in front of both, replaying calls it has seen (see _native.py)
+        _native.register(NAMESPACE, name, body, eager_autograd, eager_backend, "cuda")
+    devices = ("CPU",) if _NATIVE_CUDA else ("CUDA", "CPU")
+    for device in devices:
         _LIBRARY.impl(name, eager_autograd, f"Autograd{device}", with_keyset=True)
         _LIBRARY.impl(name, eager_backend, device)
+
+
+_NATIVE_CUDA = _native.enabled_for_cuda()
 
 
 class _DirectAutograd:
@@ -247,19 +260,29 @@ class _DirectAutograd:
         return self.function.apply(*args, *self.defaults[len(args) :])
 
     def _function(self, backward: Callable, setup_context: Callable | None):
-        body = self.body
+        body, op = self.body, self.op._opoverload
 
         # forward takes ctx and calls setup_context itself: a Function with a
         # separate setup_context staticmethod binds its arguments with
         # inspect.signature on every call, tens of microseconds.
         def forward(ctx, *inputs):
-            output = _run_direct(body, inputs, {})
+            if _NATIVE_CUDA and _first_device_type(inputs) == "cuda":
+                output = op(*inputs)  # grad is off in here: the native lane can replay it
+            else:
+                output = _run_direct(body, inputs, {})
             if setup_context is not None:
                 setup_context(ctx, inputs, output)
             return output
 
         members = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
         return type(f"{self.name}_direct", (torch.autograd.Function,), members)
+
+
+def _first_device_type(args) -> str | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return None
 
 
 _PLAIN, _GRAD, _TRACED = "plain", "grad", "traced"

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops import _native
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,6 +19,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _python_bodies_where_patched(request):
+    """A test that patches an op's rules or spies on its helpers needs every call
+    to run the body: the native lane would replay what an unpatched body did.
+    (On a CPU-only machine the lane is not in front of the tk ops at all.)"""
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    with _native.paused():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,356 @@
+"""The native lane (ops/_native.cpp): record a body, replay it from C++, fall back to Python otherwise.
+
+On the CPU the lane is driven end to end through a test op whose "kernel" is
+numpy working on raw addresses: the body reports its launches the way
+``FastKernel`` does, and the replay hands the C++-computed addresses to a hook
+that runs the same numpy code.  So a wrong pointer (input/output/temporary,
+offset), a wrong scalar, a wrong output shape or a stale plan gives a wrong
+number here.  The GPU tests at the end run every tk op both ways on CUDA.
+"""
+
+import ctypes
+import itertools
+import struct
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ops import _launch, _native
+
+_CAN_BUILD = _native.build_tools_present()
+native = _native.module() if _CAN_BUILD else None
+
+
+def test_the_lane_builds_where_a_compiler_is_present():
+    if not _CAN_BUILD:
+        pytest.skip("no C++ compiler or ninja on this machine")
+    assert native is not None, "ops/_native.cpp did not build (see the warning above)"
+
+
+needs_native = pytest.mark.skipif(native is None, reason="the native lane is not built on this machine")
+
+# --------------------------------------------------------------------------
+# A test op: y = scale * x (float32), through a temporary, with a "kernel"
+# that works on addresses.
+# --------------------------------------------------------------------------
+
+_TWICE, _SPLIT = 101, 102  # stand-ins for CUfunction handles
+
+
+def _array(address: int, n: int) -> np.ndarray:
+    return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=(n,))
+
+
+def _float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _kernel(function, grid, threads, shared, slots):
+    """What a launch does, given its argument slots as the C++ side fills them."""
+    if function == _TWICE:
+        x, tmp, y, n, scale = slots
+        n = n & 0xFFFFFFFF
+        _array(tmp, n)[:] = _array(x, n) * _float(scale)
+        _array(y, n)[:] = _array(tmp, n)
+    elif function == _SPLIT:  # two outputs: the first half and the second half of x, each + 1
+        x, x_hi, lo, hi, half = slots
+        _array(lo, half)[:] = _array(x, half) + 1
+        _array(hi, half)[:] = _array(x_hi, half) + 1
+    else:
+        raise AssertionError(f"unknown function {function}")
+
+
+def _launch_now(function, values, types):
+    """Run the kernel on the live tensors, and report it as FastKernel reports a direct launch."""
+    slots = []
+    for code, v in zip(types, values):
+        slots.append(v.data_ptr() if code == "O" else _native._bits(code, v) & (2**64 - 1))
+    _kernel(function, (1, 1, 1), 32, 0, slots)
+    current = getattr(_launch.recording, "current", None)
+    if current is not None:
+        current.launch(None, function, (1, 1, 1), 1, 0, types, values)
+
+
+class Body:
+    """The test op's body, with switches for what a real body might do."""
+
+    def __init__(self):
+        self.calls = 0
+        self.extra_op = False  # call a PyTorch op that computes (not replayable)
+        self.keep = False  # keep the temporary between calls, a cache (a persistent buffer: not replayable)
+        self.cache = None
+
+    def __call__(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        self.calls += 1
+        if x.dtype != torch.float32:
+            raise TypeError(f"tk_test.twice: x has dtype {x.dtype}; supported: float32")
+        x = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
+        y = torch.empty_like(x)
+        tmp = torch.empty(x.numel(), dtype=torch.float32) if self.cache is None else self.cache
+        if self.keep:
+            self.cache = tmp
+        if self.extra_op:
+            x = x + 0
+        if x.numel():
+            _launch_now(_TWICE, (x, tmp, y, x.numel(), scale), "OOOif")
+        return y
+
+
+body = Body()
+
+
+def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = x.numel() // 2
+    lo, hi = torch.empty(half), torch.empty(half)
+    _launch_now(_SPLIT, (x, x[half:], lo, hi, half), "OOOOi")  # x[half:]: input 0 at an offset
+    return lo, hi
+
+
+def _fallbacks(fn):
+    return (lambda keyset, *args, **kwargs: fn(*args, **kwargs)), fn
+
+
+if native is not None:
+    _LIB = torch.library.Library("tk_test", "DEF")
+    _LIB.define("twice(Tensor x, float scale=2.0) -> Tensor")
+    _LIB.define("split(Tensor x) -> (Tensor, Tensor)")
+    _native.register("tk_test", "twice", body, *_fallbacks(body), device="cpu")
+    _native.register("tk_test", "split", _split, *_fallbacks(_split), device="cpu")
+
+
+@pytest.fixture
+def hooked():
+    """The lane launches through the numpy kernel; plans start empty, the body's switches off."""
+    native.set_launch_hook(_kernel)
+    native.clear()
+    body.extra_op, body.cache, body.keep = False, None, False
+    yield
+    native.set_launch_hook(None)
+    native.clear()
+
+
+def _counts(name="twice"):
+    found = native.stats()[f"tk_test::{name}/AutogradCPU"]
+    return found["replays"], found["python_calls"]
+
+
+@needs_native
+def test_two_agreeing_recordings_make_a_plan_that_replays_from_cpp(hooked):
+    x = torch.randn(1000)
+    for call in range(5):
+        before = body.calls
+        y = torch.ops.tk_test.twice(x, 3.0)
+        torch.testing.assert_close(y, x * 3.0, rtol=0, atol=0)
+        # Calls 1 and 2 run the body (recording); from call 3 on, C++ replays without it.
+        assert body.calls - before == (1 if call < 2 else 0)
+    assert _counts() == (3, 2)
+
+
+@needs_native
+def test_replays_allocate_fresh_outputs_of_the_recorded_layout(hooked):
+    x = torch.randn(64, 33)
+    outputs = [torch.ops.tk_test.twice(x) for _ in range(4)]
+    assert _counts()[0] == 2
+    assert len({o.data_ptr() for o in outputs}) == 4  # no output is handed out twice
+    for o in outputs:
+        assert o.shape == (64 * 33,) and o.stride() == (1,) and o.dtype == torch.float32
+        torch.testing.assert_close(o, x.reshape(-1) * 2.0, rtol=0, atol=0)
+
+
+@needs_native
+def test_each_argument_that_changes_the_work_changes_the_key(hooked):
+    base = torch.randn(300)
+    cases = [
+        (base, 2.0),
+        (base, 5.0),  # another scalar: its bits are in the plan, so it needs its own
+        (torch.randn(301), 2.0),  # another size
+        (torch.randn(20, 15), 2.0),  # another shape
+        (torch.randn(15, 20).t(), 2.0),  # the same shape, strides the body copies for
+        (base[1:], 2.0),  # a pointer off 16-byte alignment
+    ]
+    for x, scale in cases:
+        for _ in range(3):
+            torch.testing.assert_close(torch.ops.tk_test.twice(x, scale), x.reshape(-1) * scale, rtol=0, atol=0)
+    # Each aligned, contiguous case replays its third call; the transposed one calls
+    # .contiguous() (a PyTorch op that computes), so it always runs in Python.
+    replays, python_calls = _counts()
+    assert (replays, python_calls) == (len(cases) - 1, 2 * (len(cases) - 1) + 3)
+
+
+@needs_native
+def test_the_replay_uses_the_callers_tensors(hooked):
+    for _ in range(2):
+        torch.ops.tk_test.twice(torch.randn(128))
+    for _ in range(3):  # replays now: each must read its own input
+        x = torch.randn(128)
+        torch.testing.assert_close(torch.ops.tk_test.twice(x), 2 * x, rtol=0, atol=0)
+    assert _counts()[0] == 3
+
+
+@needs_native
+def test_calls_the_lane_does_not_replay_go_to_python(hooked):
+    x = torch.randn(256)
+    for _ in range(3):
+        torch.ops.tk_test.twice(x)
+    replays, _ = _counts()
+    # An input that needs a gradient, a dispatch mode, inference tensors (CPU key) ...
+    w = torch.randn(256, requires_grad=True)
+    before = body.calls
+    torch.ops.tk_test.twice(w.detach())  # a plain tensor: replayed
+    assert body.calls == before
+    with pytest.raises(RuntimeError):  # the test op has no autograd formula: Python must have been asked
+        torch.ops.tk_test.twice(w).sum().backward()
+    assert body.calls == before + 1
+
+    class Nothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Nothing():
+        torch.ops.tk_test.twice(x)
+    assert body.calls == before + 2
+    assert _counts()[0] == replays + 1
+
+
+@needs_native
+def test_bodies_that_compute_with_pytorch_or_keep_buffers_are_not_replayed(hooked):
+    x = torch.randn(100)
+    body.extra_op = True
+    for _ in range(4):
+        torch.testing.assert_close(torch.ops.tk_test.twice(x), 2 * x, rtol=0, atol=0)
+    body.extra_op, body.keep = False, True  # the temporary becomes a cache that outlives the call
+    native.clear()
+    for _ in range(4):
+        torch.testing.assert_close(torch.ops.tk_test.twice(x), 2 * x, rtol=0, atol=0)
+    assert _counts()[0] == 0
+
+
+@needs_native
+def test_recordings_that_keep_disagreeing_stop_being_recorded(hooked):
+    scales = itertools.count(1)
+    real = _native._bits
+    # Each recording sees another scalar's bits, as if the body chose its launch by chance.
+    # (Patched by hand: a test that takes monkeypatch runs with the lane paused, see conftest.)
+    _native._bits = lambda code, v: real(code, float(next(scales))) if code == "f" else real(code, v)
+    try:
+        x = torch.randn(10)
+        for _ in range(8):
+            torch.ops.tk_test.twice(x)
+    finally:
+        _native._bits = real
+    assert _counts() == (0, 8)
+    assert body.calls  # (the body ran: the recordings were made)
+
+
+@needs_native
+def test_paused_lanes_run_python_and_forget_their_plans(hooked):
+    x = torch.randn(32)
+    for _ in range(3):
+        torch.ops.tk_test.twice(x)
+    assert _counts() == (1, 2)
+    with _native.paused():
+        before = body.calls
+        torch.ops.tk_test.twice(x)
+        assert body.calls == before + 1
+    assert _counts() == (0, 0)
+
+
+@needs_native
+def test_errors_keep_their_python_type(hooked):
+    with pytest.raises(TypeError, match="float32"):
+        torch.ops.tk_test.twice(torch.ones(3, dtype=torch.float64))
+
+
+@needs_native
+def test_ops_with_several_outputs_replay_each(hooked):
+    for _ in range(4):
+        x = torch.randn(16)
+        lo, hi = torch.ops.tk_test.split(x)
+        torch.testing.assert_close(lo, x[:8] + 1, rtol=0, atol=0)
+        torch.testing.assert_close(hi, x[8:] + 1, rtol=0, atol=0)
+    assert _counts("split")[0] == 2
+
+
+def test_inputs_that_share_memory_are_not_recorded():
+    recording = _native.Recording()
+    x = torch.randn(8)
+    recording.launch(None, 1, (1, 1, 1), 1, 0, "OO", (x, x[2:]))
+    assert recording.describe((x, x[2:]), torch.empty(0)) is None
+
+
+def test_argument_bits_fill_a_64_bit_slot():
+    assert _native._bits("f", 1.5) == struct.unpack("<i", struct.pack("<f", 1.5))[0]
+    assert _native._bits("d", -2.0) == struct.unpack("<q", struct.pack("<d", -2.0))[0]
+    assert _native._bits("i", -3) & 0xFFFFFFFF == 2**32 - 3
+    assert _native._bits("K", 2**64 - 1) == -1
+
+
+def test_the_lane_stays_off_without_cuda_or_when_turned_off(monkeypatch):
+    monkeypatch.setenv("TK_NATIVE", "0")
+    assert not _native.enabled_for_cuda()
+
+
+# --------------------------------------------------------------------------
+# On the GPU: every tk op, replayed against its Python path.
+# --------------------------------------------------------------------------
+
+
+class _PythonPath(TorchDispatchMode):
+    """Any dispatch mode sends a tk call down the Python path (the lane does not replay under one)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _all_specs():
+    import ops
+
+    return sorted(ops.SPECS)
+
+
+def _as_list(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _all_specs())
+def test_each_op_replayed_from_cpp_gives_the_bits_of_its_python_path(name):
+    import ops
+    from ops import _registry
+
+    assert _registry._NATIVE_CUDA, "the native lane is not registered for CUDA on this GPU machine"
+    spec = ops.get_spec(name)
+    device = torch.device("cuda")
+    shapes = sorted(spec.shapes["cuda"], key=lambda s: spec.bytes_moved(s, torch.float32))[:2]
+    for shape, dtype in itertools.product(shapes, spec.dtypes):
+        args = spec.make_inputs(shape, dtype, device)
+        with _PythonPath():
+            expected = _as_list(spec.tk(*args))
+        for _ in range(3):  # two recordings, then (where the body allows) a replay
+            got = _as_list(spec.tk(*args))
+        for e, g in zip(expected, got, strict=True):
+            assert (g.shape, g.stride(), g.dtype, g.device) == (e.shape, e.stride(), e.dtype, e.device)
+            torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+
+
+_SHOULD_REPLAY = ["gelu", "gelu_erf", "gelu_backward", "copy", "add", "square", "softmax", "softmax_backward",
+                  "rms_norm", "layer_norm", "matmul", "swiglu"]  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_small_calls_of_the_common_ops_are_replayed_from_cpp():
+    import ops
+
+    not_replayed = []
+    for name in _SHOULD_REPLAY:
+        spec = ops.get_spec(name)
+        shape = min(spec.shapes["cuda"], key=lambda s: spec.bytes_moved(s, torch.float16))
+        args = spec.make_inputs(shape, torch.float16, torch.device("cuda"))
+        before = sum(s["replays"] for s in _native.stats().values())
+        for _ in range(4):
+            spec.tk(*args)
+        if sum(s["replays"] for s in _native.stats().values()) == before:
+            not_replayed.append(name)
+    assert not not_replayed, f"always in Python: {not_replayed}"
