@@ -10,7 +10,8 @@ which is the rate at which a model's Python can issue the op.
 For each op: the eager PyTorch reference and ``torch.ops.tk.<op>`` at the
 op's smallest default shape, called plainly, then as one training step would
 (floating inputs require grad; the call and its ``backward``), where both
-sides have a backward.  ``--profile`` adds a cProfile of the tk calls, the
+sides have a backward.  "tk path" says whether the plain calls were replayed
+by the native lane (C++) or ran the op's Python body.  ``--profile`` adds a cProfile of the tk calls, the
 cumulative top of the host path.
 """
 
@@ -26,22 +27,27 @@ import torch
 from tabulate import tabulate
 
 import ops
+from ops import _native
 
 
-def per_call_us(fn, args, device: torch.device, calls: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the wall-clock time of ``calls`` calls, in µs per call."""
+def per_call_us(fns, args, device: torch.device, calls: int, repeats: int = 7) -> list[float]:
+    """For each of ``fns``: the median over ``repeats`` of the wall-clock time of ``calls``
+    calls, in µs per call.  The functions take turns, so a drift of the host's speed
+    (other processes, clocks) weighs on each alike."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(max(10, calls // 10)):  # warm-up: compile, autotune, caches
-        fn(*args)
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+    for fn in fns:
+        for _ in range(max(10, calls // 10)):  # warm-up: compile, autotune, caches
             fn(*args)
-        sync()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return sorted(times)[len(times) // 2]
+    sync()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            sync()
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+    return [sorted(samples)[len(samples) // 2] for samples in times]
 
 
 def with_backward(fn, args):
@@ -65,6 +71,11 @@ def with_backward(fn, args):
     return call
 
 
+def _replays() -> int:
+    """Calls the native lane has replayed from C++ so far (ops/_native.py)."""
+    return sum(lane["replays"] for lane in _native.stats().values())
+
+
 def _differentiable(out) -> list:
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -73,17 +84,18 @@ def _differentiable(out) -> list:
 def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
     shape = min(spec.shapes[device.type], key=lambda s: spec.bytes_moved(s, dtype))
     args = spec.make_inputs(shape, dtype, device)
-    eager = per_call_us(spec.reference, args, device, calls)
-    tk = per_call_us(spec.tk, args, device, calls)
+    replays = _replays()
+    eager, tk = per_call_us([spec.reference, spec.tk], args, device, calls)
+    path = "C++" if _replays() - replays >= calls else "Python"  # the timed calls, not only the warm-up
     row = {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
-           "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager}  # fmt: skip
+           "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager, "tk path": path}  # fmt: skip
     training = dict.fromkeys(["eager +backward µs", "tk +backward µs", "tk / eager +backward"])
     try:
         eager_step, tk_step = with_backward(spec.reference, args), with_backward(spec.tk, args)
     except Exception as error:  # the other columns still report
         return {**row, **training, "note": f"backward failed: {type(error).__name__}: {error}"}
     if eager_step is not None and tk_step is not None:
-        eager_us, tk_us = per_call_us(eager_step, (), device, calls), per_call_us(tk_step, (), device, calls)
+        eager_us, tk_us = per_call_us([eager_step, tk_step], (), device, calls)
         training = dict(zip(training, (eager_us, tk_us, tk_us / eager_us)))
     return {**row, **training}
 
@@ -91,7 +103,7 @@ def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
 def profile(spec, device: torch.device, dtype: torch.dtype, calls: int, top: int = 30) -> str:
     shape = min(spec.shapes[device.type], key=lambda s: spec.bytes_moved(s, dtype))
     args = spec.make_inputs(shape, dtype, device)
-    per_call_us(spec.tk, args, device, 10, repeats=1)
+    per_call_us([spec.tk], args, device, 10, repeats=1)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
