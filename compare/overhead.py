@@ -11,8 +11,8 @@ For each op: the eager PyTorch reference and ``torch.ops.tk.<op>`` at the
 op's smallest default shape, called plainly, then as one training step would
 (floating inputs require grad; the call and its ``backward``), where both
 sides have a backward.  "tk path" says whether the plain calls were replayed
-by the native lane (C++) or ran the op's Python body.  ``--profile`` adds a cProfile of the tk calls, the
-cumulative top of the host path.
+by the native lane (C++) or ran the op's Python body.  ``--profile`` adds a
+cProfile of the tk calls, the cumulative top of the host path.
 """
 
 from __future__ import annotations

@@ -77,12 +77,11 @@ struct Plan {
   std::vector<Output> outputs;
   std::vector<int64_t> temps;  // bytes
   std::vector<Launch> launches;
-  bool tuple = false;     // the op returns several tensors
   std::string signature;  // everything above, to compare two recordings
 };
 
 constexpr size_t kMaxParams = 64;
-constexpr size_t kMaxPlans = 512;  // per op and key: past this, start over (a shape sweep)
+constexpr size_t kMaxPlans = 512;  // per op and dispatch key: past this, start over (a shape sweep)
 constexpr int kMaxTries = 4;       // recordings per key that may disagree before it stays in Python
 
 // ---------------------------------------------------------------------------
@@ -282,10 +281,9 @@ bool make_key(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type, bool
 
 // (outputs: list of tensors, temps: list of byte counts,
 //  launches: list of (function, gx, gy, gz, threads, shared, [(source, index, value), ...]))
-std::shared_ptr<Plan> plan_from(py::handle description, bool tuple) {
+std::shared_ptr<Plan> plan_from(py::handle description) {
   auto desc = description.cast<py::tuple>();
   auto plan = std::make_shared<Plan>();
-  plan->tuple = tuple;
   std::string& sig = plan->signature;
   bool have_device = false;
   for (py::handle h : desc[0].cast<py::list>()) {
@@ -349,22 +347,22 @@ struct Lane {
   int64_t replays = 0, python_calls = 0;
 };
 
-// Python arguments for the boxed ones, as the schema names them.
-std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schema,
+// The Python call for the boxed arguments, as the schema names them:
+// (keyset, *positional), {keyword-only arguments}.
+std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schema, c10::DispatchKeySet keyset,
                                                  c10::ArrayRef<c10::IValue> args) {
-  std::vector<py::object> positional;
+  py::list positional;
   py::dict keywords;
+  positional.append(py::cast(keyset));
   for (size_t i = 0; i < args.size(); ++i) {
     py::object value = torch::jit::toPyObject(args[i]);
     if (schema.arguments()[i].kwarg_only()) {
       keywords[py::str(schema.arguments()[i].name())] = value;
     } else {
-      positional.push_back(value);
+      positional.append(value);
     }
   }
-  py::tuple tuple(positional.size());
-  for (size_t i = 0; i < positional.size(); ++i) tuple[i] = positional[i];
-  return {tuple, keywords};
+  return {py::tuple(positional), keywords};
 }
 
 void push_python_outputs(const c10::FunctionSchema& schema, py::handle out, torch::jit::Stack* stack) {
@@ -400,6 +398,7 @@ class LaneKernel final : public c10::OperatorKernel {
           plan = found->second;
           ++lane.replays;
         } else {
+          if (lane.attempts.size() >= kMaxPlans) lane.attempts.clear();  // keys that never settle: start over
           record = lane.attempts[key].tries < kMaxTries;
         }
       }
@@ -415,10 +414,7 @@ class LaneKernel final : public c10::OperatorKernel {
     Lane& lane = *lane_;
     size_t n = schema.arguments().size();
     py::gil_scoped_acquire gil;
-    auto [positional, keywords] = python_arguments(schema, torch::jit::last(*stack, n));
-    py::tuple call_args(positional.size() + 1);
-    call_args[0] = py::cast(keyset);
-    for (size_t i = 0; i < positional.size(); ++i) call_args[i + 1] = positional[i];
+    auto [call_args, keywords] = python_arguments(schema, keyset, torch::jit::last(*stack, n));
     py::object out;
     {
       std::lock_guard<std::mutex> lock(lane.mutex);
@@ -429,7 +425,7 @@ class LaneKernel final : public c10::OperatorKernel {
     } else {
       auto result = py::handle(lane.recorder)(*call_args, **keywords).cast<py::tuple>();
       out = result[0];
-      if (!result[1].is_none()) learn(*key, plan_from(result[1], schema.returns().size() > 1));
+      if (!result[1].is_none()) learn(*key, plan_from(result[1]));
       else forget(*key);
     }
     torch::jit::drop(*stack, n);
@@ -456,7 +452,6 @@ class LaneKernel final : public c10::OperatorKernel {
     auto& attempt = lane_->attempts[key];
     attempt.signature.clear();
     ++attempt.tries;
-    if (lane_->attempts.size() > kMaxPlans) lane_->attempts.clear();
   }
 
   std::shared_ptr<Lane> lane_;

@@ -30,7 +30,6 @@ import os
 import shutil
 import struct
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -47,10 +46,10 @@ _module = None
 _tried = False
 
 
-def module(build: bool = True):
-    """The built extension, or None where it is turned off or cannot be built."""
+def module():
+    """The built extension (built on the first call), or None where it is turned off or cannot be built."""
     global _module, _tried
-    if _module is not None or _tried or not build:
+    if _module is not None or _tried:
         return _module
     _tried = True
     if os.environ.get("TK_NATIVE", "1") == "0":
@@ -165,7 +164,7 @@ class Recording:
         self.launches = []  # (function, grid, threads, shared, [(kind, value)]) with pointers still raw
         self.allocated = {}  # storage address -> (weak reference, bytes), for storages the body allocated
         self.spoiled = None  # why the run cannot be replayed
-        self.kept = []  # compiled kernels: their binaries must stay loaded
+        self.kept = {}  # function handle -> compiled kernel: its binary must stay loaded
 
     def spoil(self, reason: str) -> None:
         if self.spoiled is None:
@@ -181,7 +180,7 @@ class Recording:
             else:
                 storage = value.untyped_storage()
                 params.append(("ptr", (value.data_ptr(), storage.data_ptr())))
-        self.kept.append(compiled)
+        self.kept[function] = compiled
         self.launches.append((function, grid, 32 * warps, shared, params))
 
     def describe(self, args, out):
@@ -192,9 +191,8 @@ class Recording:
         if not all(_fresh(o, self.allocated) for o in outputs):
             return None
         tensors = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-        if len({t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()}) < sum(
-            1 for t in tensors.values() if t.numel()
-        ):
+        in_use = [t.untyped_storage().data_ptr() for t in tensors.values() if t.numel()]
+        if len(set(in_use)) < len(in_use):
             return None  # inputs that share memory: which one a pointer came from is ambiguous
         sources = [(_OUTPUT, j, o) for j, o in enumerate(outputs)] + [(_INPUT, i, a) for i, a in tensors.items()]
         storages = {t.untyped_storage().data_ptr(): (kind, index, t.data_ptr()) for kind, index, t in reversed(sources)}
@@ -218,11 +216,11 @@ class Recording:
         temp_bytes = [0] * len(temps)
         for storage, index in temps.items():
             temp_bytes[index] = self.allocated[storage][1]
-        _KEPT.extend(self.kept)
+        _KEPT.update(self.kept)
         return list(outputs), temp_bytes, launches
 
 
-_KEPT = []  # every binary a plan launches, so that its module is never unloaded
+_KEPT = {}  # every binary a plan launches (by function handle), so that its module is never unloaded
 
 
 def record(body, args, kwargs):

@@ -10,6 +10,7 @@ number here.  The GPU tests at the end run every tk op both ways on CUDA.
 
 import ctypes
 import itertools
+import os
 import struct
 
 import numpy as np
@@ -285,6 +286,22 @@ def test_argument_bits_fill_a_64_bit_slot():
     assert _native._bits("d", -2.0) == struct.unpack("<q", struct.pack("<d", -2.0))[0]
     assert _native._bits("i", -3) & 0xFFFFFFFF == 2**32 - 3
     assert _native._bits("K", 2**64 - 1) == -1
+
+
+def test_a_failed_build_warns_and_leaves_the_python_path(monkeypatch):
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("c++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(_native, "_module", None)
+    monkeypatch.setattr(_native, "_tried", False)
+    path = os.environ.get("PATH")
+    with pytest.warns(UserWarning, match="native lane could not be built.*c\\+\\+: command not found"):
+        assert _native.module() is None
+    assert _native.module() is None  # tried once: no second warning, no second build
+    assert os.environ.get("PATH") == path  # the build's PATH change is undone
 
 
 def test_the_lane_stays_off_without_cuda_or_when_turned_off(monkeypatch):
