@@ -13,8 +13,14 @@
 // dispatcher's AutogradCUDA and CUDA keys, allocates the outputs and launches
 // the recorded binaries through the CUDA driver.
 //
+// A call that needs a gradient, for an op whose backward is declared as one
+// call of another op (ops/_registry.py, ``register_formula``), gets its
+// autograd node here too (``TkBackward``): the forward goes below autograd
+// (and is replayed as above), the backward calls the declared op through the
+// dispatcher.  No Python runs on either side.
+//
 // Anything it does not recognise goes to the Python kernel it replaced
-// (the fallback): a call that needs a gradient, a traced call (fake or
+// (the fallback): another call that needs a gradient, a traced call (fake or
 // functional tensors, a dispatch mode, torch.func), an argument type it does
 // not key on, a call whose body could not be recorded.
 //
@@ -26,12 +32,15 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
@@ -39,7 +48,9 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -328,6 +339,196 @@ std::shared_ptr<Plan> plan_from(py::handle description) {
 }
 
 // ---------------------------------------------------------------------------
+// Gradients without Python: an op whose backward is one call of another op.
+// ---------------------------------------------------------------------------
+
+namespace ag = torch::autograd;
+
+// What the backward op is called with, in order (Formula::arguments).
+enum Token : int64_t {
+  kIncomingGradient = 0,  // the gradient of the op's result
+  kArgument = 1,          // forward argument `index`, saved from the forward
+  kResult = 2,            // the op's result
+  kNeedsGradient = 3,     // whether forward argument `index` needs a gradient (a bool)
+};
+// What a forward argument's gradient is (Formula::gradients).
+constexpr int64_t kNoGradient = -2, kIsIncomingGradient = -1;  // else: the backward op's result `index`
+
+struct Formula {
+  std::string node_name;
+  std::optional<c10::OperatorHandle> backward;  // none: every gradient is the incoming one or none
+  std::vector<std::pair<Token, int64_t>> arguments;
+  std::vector<int64_t> gradients;  // one per forward argument
+  std::vector<char> read;          // per forward argument: the backward reads it
+  bool reads_result = false;
+};
+
+// torch 2.13 holds autograd nodes in intrusive_ptrs, earlier versions in
+// shared_ptrs; both branches are templates so only the one that applies is compiled.
+using NodePtr = decltype(ag::Edge::function);
+constexpr bool kSharedNodes = std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>;
+
+template <class T, class... Args>
+NodePtr make_node(Args&&... args) {
+  if constexpr (kSharedNodes) {
+    // deleteNode frees a long chain of nodes without deep recursion.
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...), [](auto* node) { deleteNode(node); });
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
+template <class T>
+NodePtr pointer_to(T* node) {
+  if constexpr (kSharedNodes) {
+    return node->shared_from_this();
+  } else {
+    return c10::intrusive_ptr<T>::reclaim_copy(node);
+  }
+}
+
+// The node of one call: what the backward reads, and the formula to run it.
+class TkBackward final : public ag::Node {
+ public:
+  TkBackward(std::shared_ptr<const Formula> formula, ag::edge_list&& edges)
+      : ag::Node(std::move(edges)), formula_(std::move(formula)) {}
+
+  std::string name() const override { return formula_->node_name; }
+
+  // Before the result's history is set: inputs are saved as inputs.
+  void save_arguments(const std::vector<c10::IValue>& args) {
+    saved_.resize(args.size());
+    values_.resize(args.size());
+    is_tensor_.assign(args.size(), 0);
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!formula_->read[i]) continue;
+      if (args[i].isTensor() && args[i].toTensor().defined()) {
+        saved_[i] = ag::SavedVariable(args[i].toTensor(), /*is_output=*/false);
+        is_tensor_[i] = 1;
+      } else {
+        values_[i] = args[i];
+      }
+    }
+  }
+
+  // After: the result is saved as an output (no reference cycle through its grad_fn).
+  void save_result(const at::Tensor& result) {
+    if (formula_->reads_result) result_ = ag::SavedVariable(result, /*is_output=*/true);
+  }
+
+  ag::variable_list apply(ag::variable_list&& grads) override {
+    const Formula& f = *formula_;
+    // As a Python Function does: a result nobody used gets a zero gradient.
+    at::Tensor grad = grads[0].defined() ? grads[0] : input_metadata(0).zeros_like();
+    torch::jit::Stack stack;
+    if (f.backward) {
+      for (const auto& [kind, index] : f.arguments) {
+        if (kind == kIncomingGradient) stack.emplace_back(grad);
+        if (kind == kResult) stack.emplace_back(result_.unpack(pointer_to(this)));
+        if (kind == kNeedsGradient) stack.emplace_back(task_should_compute_output(index));
+        if (kind == kArgument) stack.emplace_back(is_tensor_[index] ? c10::IValue(saved_[index].unpack()) : values_[index]);
+      }
+      f.backward->callBoxed(stack);
+    }
+    ag::variable_list out(num_outputs());
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t g = f.gradients[i];
+      if (g == kNoGradient || !task_should_compute_output(i)) continue;
+      out[i] = g == kIsIncomingGradient ? grad : stack[g].toTensor();
+    }
+    return out;
+  }
+
+  void release_variables() override {
+    for (auto& s : saved_) s.reset_data();
+    result_.reset_data();
+  }
+
+ private:
+  std::shared_ptr<const Formula> formula_;
+  std::vector<ag::SavedVariable> saved_;  // per forward argument: the tensors the backward reads
+  std::vector<c10::IValue> values_;       // per forward argument: the other values it reads
+  std::vector<char> is_tensor_;           // per forward argument: saved_ holds it
+  ag::SavedVariable result_;
+};
+
+// Whether a call needs a gradient that a TkBackward node can give: plain
+// dense tensors on the lane's device, nothing tracing, no forward-mode
+// gradient, and argument types the node knows.
+bool wants_node(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type) {
+  if (!c10::GradMode::is_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain)) return false;
+  bool needs = false;
+  for (const c10::IValue& a : args) {
+    if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();
+      if (!t.defined()) continue;
+      if (t.device().type() != device_type || t.layout() != at::kStrided || t.key_set().has_any(kNotPlain)) return false;
+      if (t._fw_grad(/*level=*/0).defined()) return false;
+      needs = needs || t.requires_grad();
+    } else if (!(a.isNone() || a.isBool() || a.isInt() || a.isDouble() || a.isString() || a.isIntList())) {
+      return false;
+    }
+  }
+  return needs;
+}
+
+// The call below autograd (replayed where it can be), then its node.
+void call_with_node(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n_args,
+                    std::shared_ptr<const Formula> formula) {
+  std::vector<c10::IValue> args(stack->end() - n_args, stack->end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(stack);
+  }
+  const at::Tensor& result = stack->back().toTensor();
+  if (!result.defined() || !(at::isFloatingType(result.scalar_type()) || at::isComplexType(result.scalar_type())))
+    return;
+  ag::edge_list edges;
+  edges.reserve(n_args);
+  for (const c10::IValue& a : args)
+    edges.push_back(a.isTensor() && a.toTensor().defined() ? ag::impl::gradient_edge(a.toTensor()) : ag::Edge());
+  NodePtr node = make_node<TkBackward>(std::move(formula), std::move(edges));
+  auto* tk_node = static_cast<TkBackward*>(node.get());
+  tk_node->save_arguments(args);
+  ag::set_history(result, node);
+  tk_node->save_result(result);
+}
+
+// (node name, "ns::backward_op" or "", [(token, index)], [gradient per forward argument])
+std::shared_ptr<const Formula> formula_from(py::handle description, size_t n_args) {
+  auto desc = description.cast<py::tuple>();
+  auto f = std::make_shared<Formula>();
+  f->node_name = desc[0].cast<std::string>();
+  auto backward = desc[1].cast<std::string>();
+  size_t n_results = 0;
+  if (!backward.empty()) {
+    f->backward = c10::Dispatcher::singleton().findSchemaOrThrow(backward.c_str(), "");
+    n_results = f->backward->schema().returns().size();
+  }
+  f->read.assign(n_args, 0);
+  for (py::handle h : desc[2].cast<py::list>()) {
+    auto item = h.cast<py::tuple>();
+    auto kind = static_cast<Token>(item[0].cast<int64_t>());
+    int64_t index = item[1].cast<int64_t>();
+    TORCH_CHECK(kind >= kIncomingGradient && kind <= kNeedsGradient, "formula: unknown token ", kind);
+    TORCH_CHECK(kind == kIncomingGradient || kind == kResult || (index >= 0 && static_cast<size_t>(index) < n_args),
+                "formula: argument ", index, " out of range");
+    if (kind == kArgument) f->read[index] = 1;
+    if (kind == kResult) f->reads_result = true;
+    f->arguments.emplace_back(kind, index);
+  }
+  for (py::handle h : desc[3].cast<py::list>()) {
+    int64_t g = h.cast<int64_t>();
+    TORCH_CHECK(g >= kNoGradient && g < static_cast<int64_t>(n_results), "formula: gradient ", g, " is not one of the ",
+                n_results, " results of the backward op");
+    f->gradients.push_back(g);
+  }
+  TORCH_CHECK(f->gradients.size() == n_args, "formula: ", f->gradients.size(), " gradients for ", n_args, " arguments");
+  return f;
+}
+
+// ---------------------------------------------------------------------------
 // The kernel registered for one op at one dispatch key.
 // ---------------------------------------------------------------------------
 
@@ -344,7 +545,8 @@ struct Lane {
     std::string signature;
   };
   std::unordered_map<std::string, Attempt> attempts;
-  int64_t replays = 0, python_calls = 0;
+  std::shared_ptr<const Formula> formula;  // at an Autograd key: calls needing a gradient get a TkBackward
+  int64_t replays = 0, python_calls = 0, nodes = 0;
 };
 
 // The Python call for the boxed arguments, as the schema names them:
@@ -384,10 +586,21 @@ class LaneKernel final : public c10::OperatorKernel {
     size_t n = schema.arguments().size();
     auto args = torch::jit::last(*stack, n);
     Lane& lane = *lane_;
+    bool on = enabled.load(std::memory_order_relaxed);
+
+    if (on && lane.autograd && wants_node(args, lane.device_type)) {
+      std::shared_ptr<const Formula> formula;
+      {
+        std::lock_guard<std::mutex> lock(lane.mutex);
+        formula = lane.formula;
+        if (formula) ++lane.nodes;
+      }
+      if (formula) return call_with_node(op, stack, n, std::move(formula));
+    }
 
     thread_local std::string key;  // reused: no allocation per call
     key.clear();
-    bool replayable = enabled.load(std::memory_order_relaxed) && make_key(args, lane.device_type, lane.autograd, key);
+    bool replayable = on && make_key(args, lane.device_type, lane.autograd, key);
     bool record = false;
     if (replayable) {
       std::shared_ptr<Plan> plan;
@@ -480,12 +693,28 @@ void register_lane(const std::string& ns, const std::string& name, const std::st
   lanes[ns + "::" + name + "/" + dispatch_key] = std::move(lane);
 }
 
+// The formula of ns::name's autograd lanes (None: calls needing a gradient go to Python).
+void set_formula(const std::string& ns, const std::string& name, py::object description) {
+  const std::string prefix = ns + "::" + name + "/";
+  c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow((ns + "::" + name).c_str(), "");
+  const c10::FunctionSchema& schema = op.schema();
+  TORCH_CHECK(description.is_none() || schema.returns().size() == 1, ns, "::", name,
+              ": a formula is for an op with one result");
+  size_t n_args = schema.arguments().size();
+  std::shared_ptr<const Formula> formula = description.is_none() ? nullptr : formula_from(description, n_args);
+  for (auto& [key, lane] : lanes) {
+    if (key.rfind(prefix, 0) != 0 || !lane->autograd) continue;
+    std::lock_guard<std::mutex> lock(lane->mutex);
+    lane->formula = formula;
+  }
+}
+
 py::dict stats() {
   py::dict out;
   for (auto& [name, lane] : lanes) {
     std::lock_guard<std::mutex> lock(lane->mutex);
     out[py::str(name)] = py::dict(py::arg("plans") = lane->plans.size(), py::arg("replays") = lane->replays,
-                                  py::arg("python_calls") = lane->python_calls);
+                                  py::arg("python_calls") = lane->python_calls, py::arg("nodes") = lane->nodes);
   }
   return out;
 }
@@ -495,7 +724,7 @@ void clear() {
     std::lock_guard<std::mutex> lock(lane->mutex);
     lane->plans.clear();
     lane->attempts.clear();
-    lane->replays = lane->python_calls = 0;
+    lane->replays = lane->python_calls = lane->nodes = 0;
   }
 }
 
@@ -509,7 +738,8 @@ void set_launch_hook(py::object hook) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tk's native lane: eager calls of tk ops replayed from C++";
   m.def("register_lane", &register_lane, "register the lane of ns::name at a dispatch key");
-  m.def("stats", &stats, "plans kept, replays and Python calls, per registered lane");
+  m.def("set_formula", &set_formula, "the backward of ns::name as one call of another op, or None");
+  m.def("stats", &stats, "plans kept, replays, Python calls and autograd nodes made, per registered lane");
   m.def("clear", &clear, "forget every plan and zero the counts (after changing a rule a body follows)");
   m.def("set_enabled", [](bool on) { enabled.store(on); }, "off: every call runs the op's Python kernel");
   m.def("set_launch_hook", &set_launch_hook, "tests: call hook(function, grid, threads, shared, args) instead");

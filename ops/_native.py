@@ -15,9 +15,13 @@ common case leaves Python altogether:
    launch, the recording becomes a *description* (outputs, temporaries,
    launches, each pointer argument as input/output/temporary + byte offset),
    and the C++ side keeps it as a plan once two recordings of one key agree.
-3. Everything else (a gradient to record, a trace, a body that calls a
-   PyTorch op such as ``.contiguous()`` on a strided input, a kernel Triton
-   has to autotune first) takes the Python kernel it replaced, unchanged.
+3. A call that needs a gradient, for an op whose backward is declared with
+   ``register_formula`` (_registry.py), gets a C++ autograd node: the forward
+   runs below autograd (and is replayed as in 1), the node's backward calls
+   the declared backward op through the dispatcher.
+4. Everything else (another call that needs a gradient, a trace, a body that
+   calls a PyTorch op such as ``.contiguous()`` on a strided input, a kernel
+   Triton has to autotune first) takes the Python kernel it replaced, unchanged.
 
 The extension is built with ``torch.utils.cpp_extension`` the first time
 ``ops`` is imported on a machine with a CUDA device (about 30-60 s, then
@@ -101,8 +105,14 @@ def register(namespace: str, name: str, body, fallback_autograd, fallback_backen
     )
 
 
+def set_formula(namespace: str, name: str, description) -> None:
+    """The backward of ``namespace::name`` as one call of another op, for its C++ autograd node
+    (see ``register_formula`` in _registry.py); None: calls needing a gradient go to Python."""
+    module().set_formula(namespace, name, description)
+
+
 def stats() -> dict:
-    """Per lane: plans kept, calls replayed from C++, calls that went to Python."""
+    """Per lane: plans kept, calls replayed from C++, calls that went to Python, autograd nodes made."""
     return {} if _module is None else _module.stats()
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (
     ELEMENTWISE_SHAPES,
     ROUNDING_TOLERANCE,
@@ -66,13 +66,9 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 add = register_op("add", _add)
 
 
-def _backward(ctx, grad):
-    # d(a + b)/da and d(a + b)/db are identities: both inputs get the incoming
-    # gradient itself, as with PyTorch's own add; no kernel to run.
-    return grad, grad
-
-
-add.register_autograd(_backward, setup_context=lambda ctx, inputs, output: None)
+# d(a + b)/da and d(a + b)/db are identities: both inputs get the incoming
+# gradient itself, as with PyTorch's own add; no kernel to run.
+register_formula(add, gradients={"a": GRAD, "b": GRAD})
 
 
 # --------------------------------------------------------------------------

@@ -27,7 +27,17 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv, next_power_of_2
-from ._registry import FLOAT_DTYPES, OpSpec, check_tensor, is_dense, launcher, register_op, register_spec
+from ._registry import (
+    FLOAT_DTYPES,
+    GRAD,
+    OpSpec,
+    check_tensor,
+    is_dense,
+    launcher,
+    register_formula,
+    register_op,
+    register_spec,
+)
 
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -125,13 +135,9 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
 copy = register_op("copy", _copy)
 
 
-def _backward(ctx, grad):
-    # dy/dx is the identity: the incoming gradient is x's gradient as it is
-    # (PyTorch's own clone() does the same); no kernel to run.
-    return grad
-
-
-copy.register_autograd(_backward, setup_context=lambda ctx, inputs, output: None)
+# dy/dx is the identity: the incoming gradient is x's gradient as it is
+# (PyTorch's own clone() does the same); no kernel to run.
+register_formula(copy, gradients={"x": GRAD})
 
 
 # --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
     ELEMENTWISE_SHAPES,
     ROUNDING_TOLERANCE,
@@ -119,18 +119,7 @@ gelu = register_op("gelu", _gelu)
 gelu_backward = register_op("gelu_backward", _gelu_backward)
 
 
-def _setup_context(ctx, inputs, output):
-    x, approximate = inputs
-    ctx.save_for_backward(x)
-    ctx.approximate = approximate
-
-
-def _backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return torch.ops.tk.gelu_backward(grad, x, ctx.approximate), None
-
-
-gelu.register_autograd(_backward, setup_context=_setup_context)
+register_formula(gelu, backward=gelu_backward, arguments=(GRAD, "x", "approximate"), gradients={"x": 0})
 
 
 # --------------------------------------------------------------------------

@@ -70,7 +70,17 @@ import triton.language as tl
 
 from ._device import kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import (
+    GRAD,
+    OpSpec,
+    check_same,
+    check_tensor,
+    launcher,
+    needs_grad,
+    register_formula,
+    register_op,
+    register_spec,
+)
 
 # --------------------------------------------------------------------------
 # Pieces shared by the kernels.
@@ -741,23 +751,13 @@ layer_norm = register_op("layer_norm", _layer_norm)
 layer_norm_backward = register_op("layer_norm_backward", _layer_norm_backward)
 
 
-def _setup_context(ctx, inputs, output):
-    x, normalized_shape, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight)  # mean and rstd are recomputed: see the module docstring
-    ctx.normalized_shape = normalized_shape
-    ctx.eps = eps
-    ctx.has_bias = bias is not None
-
-
-def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    weight_grad = weight is not None and ctx.needs_input_grad[2]
-    bias_grad = ctx.has_bias and ctx.needs_input_grad[3]
-    dx, dw, db = torch.ops.tk.layer_norm_backward(grad, x, ctx.normalized_shape, weight, ctx.eps, weight_grad, bias_grad)
-    return dx, None, dw if weight_grad else None, db if bias_grad else None, None
-
-
-layer_norm.register_autograd(_backward, setup_context=_setup_context)
+# x and weight are saved; mean and rstd are recomputed (see the module docstring).
+register_formula(
+    layer_norm,
+    backward=layer_norm_backward,
+    arguments=(GRAD, "x", "normalized_shape", "weight", "eps", needs_grad("weight"), needs_grad("bias")),
+    gradients={"x": 0, "weight": 1, "bias": 2},
+)
 
 
 # --------------------------------------------------------------------------

@@ -35,7 +35,19 @@ import triton.language as tl
 
 from ._device import kind, set_scratch_allocator, sm_count, tma_available
 from ._launch import cdiv
-from ._registry import OpSpec, check_same, check_tensor, is_fake, launcher, on_cuda, register_op, register_spec
+from ._registry import (
+    GRAD,
+    OpSpec,
+    check_same,
+    check_tensor,
+    is_fake,
+    launcher,
+    needs_grad,
+    on_cuda,
+    register_formula,
+    register_op,
+    register_spec,
+)
 from .copy_op import elementwise_config, elementwise_grid
 
 
@@ -409,30 +421,41 @@ def _sum_slices(partial: torch.Tensor, c: torch.Tensor, split: int) -> None:
 matmul = register_op("matmul", _matmul)
 
 
-def _setup_context(ctx, inputs, output):
-    a, b = inputs
-    ctx.save_for_backward(a, b)
-
-
-def _backward(ctx, grad):
-    """dA = dC @ B^T and dB = A^T @ dC, with the batch summed over where it was broadcast."""
-    a, b = ctx.saved_tensors
-    grad_a = grad_b = None
-    mm = torch.ops.tk.matmul
-    if ctx.needs_input_grad[0]:
+def _matmul_backward(
+    grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_grad: bool, b_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dA, dB) = (dC @ B^T, A^T @ dC), summed over the batch where an operand was shared
+    by every batch.  dA (dB) is an empty tensor unless a_grad (b_grad): an op cannot
+    return None.  Both products are this module's matmul body, on transposed views."""
+    for name, t in (("grad", grad), ("a", a), ("b", b)):
+        check_tensor("matmul_backward", name, t, ndims=(2, 3))
+    check_same("matmul_backward", {"grad": grad, "a": a, "b": b})
+    batch = _check_shapes(a, b)
+    batched = a.dim() == 3 or b.dim() == 3
+    expected = (batch, a.shape[-2], b.shape[-1]) if batched else (a.shape[-2], b.shape[-1])
+    if tuple(grad.shape) != expected:
+        raise ValueError(f"tk.matmul_backward: grad has shape {tuple(grad.shape)}, the product's is {expected}")
+    grad_a, grad_b = grad.new_empty(0), grad.new_empty(0)
+    if a_grad:
         if a.dim() == 2 and b.dim() == 3:  # a was shared by every batch: sum over it
-            grad_a = mm(grad.transpose(0, 1).reshape(grad.shape[1], -1), b.transpose(1, 2).reshape(-1, b.shape[1]))
+            grad_a = _matmul(grad.transpose(0, 1).reshape(grad.shape[1], -1), b.transpose(1, 2).reshape(-1, b.shape[1]))
         else:
-            grad_a = mm(grad, b.transpose(-1, -2))
-    if ctx.needs_input_grad[1]:
+            grad_a = _matmul(grad, b.transpose(-1, -2))
+    if b_grad:
         if b.dim() == 2 and a.dim() == 3:  # b was shared by every batch
-            grad_b = mm(a.reshape(-1, a.shape[-1]).t(), grad.reshape(-1, grad.shape[-1]))
+            grad_b = _matmul(a.reshape(-1, a.shape[-1]).t(), grad.reshape(-1, grad.shape[-1]))
         else:
-            grad_b = mm(a.transpose(-1, -2), grad)
+            grad_b = _matmul(a.transpose(-1, -2), grad)
     return grad_a, grad_b
 
 
-matmul.register_autograd(_backward, setup_context=_setup_context)
+matmul_backward = register_op("matmul_backward", _matmul_backward)
+register_formula(
+    matmul,
+    backward=matmul_backward,
+    arguments=(GRAD, "a", "b", needs_grad("a"), needs_grad("b")),
+    gradients={"a": 0, "b": 1},
+)
 
 
 # --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv, next_power_of_2
-from ._registry import FLOAT_DTYPES, OpSpec, check_tensor, launcher, register_op, register_spec
+from ._registry import FLOAT_DTYPES, GRAD, OpSpec, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config
 from .square import to_compute_dtype
 
@@ -168,11 +168,8 @@ rgb_to_grayscale = register_op("rgb_to_grayscale", _rgb_to_grayscale)
 rgb_to_grayscale_backward = register_op("rgb_to_grayscale_backward", _rgb_to_grayscale_backward)
 
 
-def _backward(ctx, grad):
-    return torch.ops.tk.rgb_to_grayscale_backward(grad)  # the weights are all it needs
-
-
-rgb_to_grayscale.register_autograd(_backward, setup_context=lambda ctx, inputs, output: None)
+# The weights are all the backward needs besides the incoming gradient.
+register_formula(rgb_to_grayscale, backward=rgb_to_grayscale_backward, arguments=(GRAD,), gradients={"img": 0})
 
 
 # --------------------------------------------------------------------------

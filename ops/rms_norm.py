@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, register_op, register_spec
+from ._registry import GRAD, OpSpec, check_same, check_tensor, needs_grad, register_formula, register_op, register_spec
 from .layer_norm import (
     NORM_SHAPES,
     NORM_TOLERANCE,
@@ -156,20 +156,13 @@ rms_norm = register_op("rms_norm", _rms_norm)
 rms_norm_backward = register_op("rms_norm_backward", _rms_norm_backward)
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)  # rstd is recomputed: see layer_norm.py's docstring
-    ctx.eps = eps
-
-
-def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    weight_grad = weight is not None and ctx.needs_input_grad[1]
-    dx, dw = torch.ops.tk.rms_norm_backward(grad, x, weight, ctx.eps, weight_grad)
-    return dx, dw if weight_grad else None, None
-
-
-rms_norm.register_autograd(_backward, setup_context=_setup_context)
+# x and weight are saved, not rstd: it is recomputed (see layer_norm.py's docstring).
+register_formula(
+    rms_norm,
+    backward=rms_norm_backward,
+    arguments=(GRAD, "x", "weight", "eps", needs_grad("weight")),
+    gradients={"x": 0, "weight": 1},
+)
 
 
 # --------------------------------------------------------------------------

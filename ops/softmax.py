@@ -46,7 +46,18 @@ import triton.language as tl
 
 from ._device import kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
-from ._registry import SPECS, OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import (
+    GRAD,
+    RESULT,
+    SPECS,
+    OpSpec,
+    check_same,
+    check_tensor,
+    launcher,
+    register_formula,
+    register_op,
+    register_spec,
+)
 
 
 # --------------------------------------------------------------------------
@@ -844,18 +855,8 @@ softmax = register_op("softmax", _softmax)
 softmax_backward = register_op("softmax_backward", _softmax_backward)
 
 
-def _setup_context(ctx, inputs, output):
-    _, dim = inputs
-    ctx.save_for_backward(output)
-    ctx.dim = dim
-
-
-def _backward(ctx, grad):
-    (y,) = ctx.saved_tensors
-    return torch.ops.tk.softmax_backward(grad, y, ctx.dim), None
-
-
-softmax.register_autograd(_backward, setup_context=_setup_context)
+# dx = y * (dy - sum(dy * y)): the backward reads the result y, not x.
+register_formula(softmax, backward=softmax_backward, arguments=(GRAD, RESULT, "dim"), gradients={"x": 0})
 
 
 # --------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (
     ELEMENTWISE_SHAPES,
     ROUNDING_TOLERANCE,
@@ -94,17 +94,7 @@ square = register_op("square", _square)
 square_backward = register_op("square_backward", _square_backward)
 
 
-def _setup_context(ctx, inputs, output):
-    (x,) = inputs
-    ctx.save_for_backward(x)
-
-
-def _backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return torch.ops.tk.square_backward(grad, x)
-
-
-square.register_autograd(_backward, setup_context=_setup_context)
+register_formula(square, backward=square_backward, arguments=(GRAD, "x"), gradients={"x": 0})
 
 
 # --------------------------------------------------------------------------

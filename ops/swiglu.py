@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import OpSpec, check_same, check_tensor, launcher, register_op, register_spec
+from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config, elementwise_grid, walk_in_one_order
 from .square import to_compute_dtype
 
@@ -221,25 +221,10 @@ geglu = register_op("geglu", _geglu)
 geglu_backward = register_op("geglu_backward", _geglu_backward)
 
 
-def _save_gate_and_up(ctx, inputs, output):
-    gate, up, *rest = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.approximate = rest[0] if rest else None
-
-
-def _swiglu_grads(ctx, grad):
-    gate, up = ctx.saved_tensors
-    return torch.ops.tk.swiglu_backward(grad, gate, up)
-
-
-def _geglu_grads(ctx, grad):
-    gate, up = ctx.saved_tensors
-    d_gate, d_up = torch.ops.tk.geglu_backward(grad, gate, up, ctx.approximate)
-    return d_gate, d_up, None  # approximate is no tensor
-
-
-swiglu.register_autograd(_swiglu_grads, setup_context=_save_gate_and_up)
-geglu.register_autograd(_geglu_grads, setup_context=_save_gate_and_up)
+register_formula(swiglu, backward=swiglu_backward, arguments=(GRAD, "gate", "up"), gradients={"gate": 0, "up": 1})
+register_formula(
+    geglu, backward=geglu_backward, arguments=(GRAD, "gate", "up", "approximate"), gradients={"gate": 0, "up": 1}
+)
 
 
 # --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ offset), a wrong scalar, a wrong output shape or a stale plan gives a wrong
 number here.  The GPU tests at the end run every tk op both ways on CUDA.
 """
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -113,12 +114,56 @@ def _fallbacks(fn):
     return (lambda keyset, *args, **kwargs: fn(*args, **kwargs)), fn
 
 
+# Two ops with a declared backward (see register_formula in ops/_registry.py),
+# whose gradients the lane's C++ autograd node computes:
+#   scaled(x, scale) = scale * x, the body above, and its backward op, which
+#   takes one argument of each kind a formula can pass;
+#   weighted_sum(a, b) = a + 2 b, a body that computes with PyTorch (never
+#   replayed), whose a-gradient is the incoming one itself.
+scaled_body = Body()
+backward_calls = []
+
+
+def _scaled_backward(grad, y, x, scale: float, needs: bool):
+    backward_calls.append((y.clone(), x.clone(), scale, needs))
+    return grad * scale
+
+
+def _weighted_sum(a, b):
+    return a + 2 * b
+
+
+def _define_ops_with_formulas():
+    from ops._registry import GRAD, RESULT, Formula, needs_grad
+
+    _LIB.define("scaled(Tensor x, float scale=2.0) -> Tensor")
+    _LIB.define("scaled_backward(Tensor grad, Tensor y, Tensor x, float scale, bool needs) -> Tensor")
+    _LIB.define("weighted_sum(Tensor a, Tensor b) -> Tensor")
+    _LIB.define("doubled(Tensor grad) -> Tensor")
+    _LIB.impl("scaled_backward", _scaled_backward, "CPU")
+    _LIB.impl("doubled", lambda grad: 2 * grad, "CPU")
+    _native.register("tk_test", "scaled", scaled_body, *_fallbacks(scaled_body), device="cpu")
+    _native.register("tk_test", "weighted_sum", _weighted_sum, *_fallbacks(_weighted_sum), device="cpu")
+    scaled = Formula(
+        torch.ops.tk_test.scaled.default,
+        torch.ops.tk_test.scaled_backward.default,
+        (GRAD, RESULT, "x", "scale", needs_grad("x")),
+        {"x": 0},
+    )
+    weighted = Formula(
+        torch.ops.tk_test.weighted_sum.default, torch.ops.tk_test.doubled.default, (GRAD,), {"a": GRAD, "b": 0}
+    )
+    native.set_formula("tk_test", "scaled", scaled.native_description())
+    native.set_formula("tk_test", "weighted_sum", weighted.native_description())
+
+
 if native is not None:
     _LIB = torch.library.Library("tk_test", "DEF")
     _LIB.define("twice(Tensor x, float scale=2.0) -> Tensor")
     _LIB.define("split(Tensor x) -> (Tensor, Tensor)")
     _native.register("tk_test", "twice", body, *_fallbacks(body), device="cpu")
     _native.register("tk_test", "split", _split, *_fallbacks(_split), device="cpu")
+    _define_ops_with_formulas()
 
 
 @pytest.fixture
@@ -274,6 +319,140 @@ def test_ops_with_several_outputs_replay_each(hooked):
     assert _counts("split")[0] == 2
 
 
+# --------------------------------------------------------------------------
+# Gradients: the C++ autograd node of an op with a declared formula.
+# --------------------------------------------------------------------------
+
+
+def _nodes(name):
+    return native.stats()[f"tk_test::{name}/AutogradCPU"]["nodes"]
+
+
+@needs_native
+def test_a_call_needing_a_gradient_gets_a_cpp_node_that_calls_the_backward_op(hooked):
+    backward_calls.clear()
+    scaled_body.cache = None
+    x = torch.randn(40, requires_grad=True)
+    for _ in range(3):  # the forward below the node is recorded twice, then replayed
+        y = torch.ops.tk_test.scaled(x, 3.0)
+    assert y.grad_fn.name() == "TkScaledBackward" and y.requires_grad
+    assert native.stats()["tk_test::scaled/CPU"]["replays"] == 1
+    assert _nodes("scaled") == 3
+    torch.testing.assert_close(y, 3.0 * x.detach(), rtol=0, atol=0)
+    grad = torch.randn(40)
+    y.backward(grad)
+    torch.testing.assert_close(x.grad, 3.0 * grad, rtol=0, atol=0)
+    (saved_y, saved_x, scale, needs) = backward_calls[-1]
+    torch.testing.assert_close(saved_y, y.detach(), rtol=0, atol=0)  # RESULT
+    torch.testing.assert_close(saved_x, x.detach(), rtol=0, atol=0)  # the argument x
+    assert (scale, needs) == (3.0, True)
+
+
+@needs_native
+def test_the_node_gives_the_incoming_gradient_or_a_result_to_the_inputs_that_need_one(hooked):
+    a, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    out = torch.ops.tk_test.weighted_sum(a, b)
+    assert out.grad_fn.name() == "TkWeightedSumBackward"
+    torch.testing.assert_close(out, a.detach() + 2 * b.detach(), rtol=0, atol=0)
+    grad = torch.randn(5)
+    out.backward(grad)
+    torch.testing.assert_close(a.grad, grad, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, 2 * grad, rtol=0, atol=0)
+    # Only b needs one: a gets none.
+    b.grad = None
+    out = torch.ops.tk_test.weighted_sum(a.detach(), b)
+    (db,) = torch.autograd.grad(out, b, grad)
+    torch.testing.assert_close(db, 2 * grad, rtol=0, atol=0)
+    # Both need one, only a is asked for: no gradient for b, and the backward op's answer is dropped.
+    out = torch.ops.tk_test.weighted_sum(a, b)
+    (da,) = torch.autograd.grad(out, a, grad)
+    torch.testing.assert_close(da, grad, rtol=0, atol=0)
+    assert b.grad is None
+
+
+@needs_native
+def test_the_backward_op_runs_only_when_its_gradient_is_asked_for(hooked):
+    backward_calls.clear()
+    x = torch.randn(8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    out = torch.ops.tk_test.scaled(x, 2.0) * w
+    torch.autograd.grad(out.sum(), w)  # x's gradient is not asked for
+    assert backward_calls == []  # nor is scaled's backward run
+    torch.autograd.grad(torch.ops.tk_test.scaled(x, 2.0).sum(), x)
+    assert backward_calls[-1][3] is True
+
+
+@needs_native
+def test_the_node_keeps_autograds_rules_for_saved_tensors(hooked):
+    x = torch.randn(16, requires_grad=True)
+    y = torch.ops.tk_test.scaled(x.clone(), 2.0)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):  # freed after the first backward
+        y.sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    y = torch.ops.tk_test.scaled(x2 * 1, 2.0)
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()  # retained: a second backward runs
+    torch.testing.assert_close(x2.grad, torch.full((16,), 4.0), rtol=0, atol=0)
+    leaf = torch.randn(16, requires_grad=True)
+    x3 = leaf * 1
+    y = torch.ops.tk_test.scaled(x3, 2.0)
+    with torch.no_grad():
+        x3.add_(1)  # the saved input changes
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@needs_native
+def test_saved_tensor_hooks_see_what_the_node_saves(hooked):
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.clone()
+
+    x = torch.randn(12, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = torch.ops.tk_test.scaled(x, 5.0)
+    assert packed == [x.shape, y.shape]  # the argument x, then the result
+    y.backward(torch.ones(12))
+    torch.testing.assert_close(x.grad, torch.full((12,), 5.0), rtol=0, atol=0)
+
+
+@needs_native
+def test_calls_the_node_does_not_take_go_to_python(hooked):
+    x = torch.randn(6, requires_grad=True)
+    before = _nodes("scaled")
+    with torch.no_grad():
+        assert not torch.ops.tk_test.scaled(x).requires_grad
+    with _native.paused():  # the Python fallback of the test op has no autograd
+        assert torch.ops.tk_test.scaled(x).grad_fn is None
+    with _PythonPath():
+        torch.ops.tk_test.scaled(x)
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones(6))
+        assert torch.ops.tk_test.scaled(dual).grad_fn is None
+    assert _nodes("scaled") == before
+
+
+@needs_native
+def test_formulas_the_node_could_not_run_are_refused_when_declared():
+    from ops._registry import GRAD, Formula
+
+    with pytest.raises(ValueError, match="tk_test::split: register_formula is for an op with one result"):
+        Formula(torch.ops.tk_test.split.default, None, (), {"x": GRAD})
+    with pytest.raises(ValueError, match="the formula names 'y', not one of its arguments \\['x', 'scale'\\]"):
+        Formula(torch.ops.tk_test.scaled.default, None, (), {"y": GRAD})
+    with pytest.raises(RuntimeError, match="gradient 1 is not one of the 1 results of the backward op"):
+        native.set_formula("tk_test", "weighted_sum", ("X", "tk_test::doubled", [(0, 0)], [-1, 1]))
+    with pytest.raises(RuntimeError, match="a formula is for an op with one result"):
+        native.set_formula("tk_test", "split", ("X", "", [], [-1]))
+    x = torch.randn(3, requires_grad=True)  # the refused formulas left the declared one in place
+    assert torch.ops.tk_test.weighted_sum(x, x).grad_fn.name() == "TkWeightedSumBackward"
+
+
 def test_inputs_that_share_memory_are_not_recorded():
     recording = _native.Recording()
     x = torch.randn(8)
@@ -371,3 +550,55 @@ def test_small_calls_of_the_common_ops_are_replayed_from_cpp():
         if sum(s["replays"] for s in _native.stats().values()) == before:
             not_replayed.append(name)
     assert not not_replayed, f"always in Python: {not_replayed}"
+
+
+# Ops whose backward is a declared formula (register_formula): a call that needs
+# a gradient gets the lane's C++ node.  cross_entropy (two results) keeps a Python formula.
+_WITH_NODES = ["add", "copy", "geglu", "gelu", "gelu_erf", "layer_norm", "matmul", "rms_norm", "softmax", "square", "swiglu"]
+
+
+def _floating(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.is_floating_point()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _WITH_NODES)
+def test_each_cpp_node_gives_the_gradients_of_the_python_formula(name):
+    import ops
+
+    spec = ops.get_spec(name)
+    shape = min(spec.shapes["cuda"], key=lambda s: spec.bytes_moved(s, torch.float32))
+    for dtype in (torch.float32, torch.bfloat16):
+        args = spec.make_inputs(shape, dtype, torch.device("cuda"))
+        results = []
+        for paused in (False, True):
+            leaves = [a.detach().requires_grad_() if _floating(a) else a for a in args]
+            with _native.paused() if paused else contextlib.nullcontext():
+                out = spec.tk(*leaves)
+                grad = torch.linspace(-1, 1, out.numel(), device="cuda", dtype=out.dtype).reshape(out.shape)
+                inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+                results.append((out.grad_fn.name(), out, torch.autograd.grad(out, inputs, grad)))
+        (node, out, grads), (python_node, python_out, python_grads) = results
+        assert node.startswith("Tk") and node.endswith("Backward") and not python_node.startswith("Tk")
+        torch.testing.assert_close(out, python_out, rtol=0, atol=0)
+        for g, e in zip(grads, python_grads, strict=True):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_a_formula_registered_later_replaces_the_declared_one_on_both_paths():
+    from ops import square
+    from ops._registry import GRAD, register_formula
+
+    x = torch.randn(64, device="cuda", requires_grad=True)
+    assert torch.ops.tk.square(x).grad_fn.name() == "TkSquareBackward"
+    square.square.register_autograd(lambda ctx, grad: grad * 0, setup_context=lambda ctx, inputs, output: None)
+    try:
+        y = torch.ops.tk.square(x)
+        assert not y.grad_fn.name().startswith("Tk")
+        (dx,) = torch.autograd.grad(y.sum(), x)
+        assert torch.count_nonzero(dx) == 0  # the new formula, not the one the C++ node had
+    finally:
+        register_formula(square.square, backward=square.square_backward, arguments=(GRAD, "x"), gradients={"x": 0})
+    (dx,) = torch.autograd.grad(torch.ops.tk.square(x).sum(), x)
+    torch.testing.assert_close(dx, 2 * x.detach())

@@ -21,6 +21,8 @@ def opcheck_cases(device):
         (torch.ops.tk.softmax_backward.default, (t(5, 7), t(5, 7), 1), {}),
         (torch.ops.tk.matmul.default, (t(5, 7, grad=True), t(7, 3, grad=True)), {}),
         (torch.ops.tk.matmul.default, (t(2, 5, 7, grad=True), t(7, 3, grad=True)), {}),
+        (torch.ops.tk.matmul_backward.default, (t(5, 3), t(5, 7), t(7, 3), True, True), {}),
+        (torch.ops.tk.matmul_backward.default, (t(2, 5, 3), t(5, 7), t(2, 7, 3), True, False), {}),
     ]
 
 
@@ -62,6 +64,18 @@ ERROR_CASES = [
         "inner dimensions 4 and 5 differ",
     ),
     ("matmul rank 1", lambda: torch.ops.tk.matmul(torch.ones(3), torch.ones(3, 3)), ValueError, "a must be 2 or 3-D"),
+    (
+        "matmul_backward grad shape",
+        lambda: torch.ops.tk.matmul_backward(torch.ones(3, 5), torch.ones(3, 4), torch.ones(4, 6), True, True),
+        ValueError,
+        r"grad has shape \(3, 5\), the product's is \(3, 6\)",
+    ),
+    (
+        "matmul_backward grad dtype",
+        lambda: torch.ops.tk.matmul_backward(torch.ones(3, 6).half(), torch.ones(3, 4), torch.ones(4, 6), True, True),
+        TypeError,
+        "grad has dtype torch.float16 but a has dtype torch.float32",
+    ),
     (
         "matmul rank 4",
         lambda: torch.ops.tk.matmul(torch.ones(3, 3), torch.ones(1, 1, 3, 3)),
@@ -185,7 +199,8 @@ def test_eager_calls_have_a_direct_kernel():
     the AutogradCUDA, CUDA, AutogradCPU and CPU keys, while tracing keeps the
     triton_op (Autograd and CompositeExplicitAutograd registrations from
     torch.library)."""
-    names = ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul", "copy", "square", "square_backward"]
+    names = ["gelu", "gelu_backward", "softmax", "softmax_backward", "matmul", "matmul_backward", "copy", "square"]
+    names += ["square_backward"]
     names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
     names += ["cross_entropy_forward", "cross_entropy_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward"]
     for name in names:
