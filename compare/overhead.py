@@ -11,8 +11,10 @@ For each op: the eager PyTorch reference and ``torch.ops.tk.<op>`` at the
 op's smallest default shape, called plainly, then as one training step would
 (floating inputs require grad; the call and its ``backward``), where both
 sides have a backward.  "tk path" says whether the plain calls were replayed
-by the native lane (C++) or ran the op's Python body.  ``--profile`` adds a
-cProfile of the tk calls, the cumulative top of the host path.
+by the native lane (C++) or ran the op's Python body; "tk autograd" whether
+the training steps' autograd nodes were made in C++ or by a Python
+``autograd.Function``.  ``--profile`` adds a cProfile of the tk calls, the
+cumulative top of the host path.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def _replays() -> int:
     return sum(lane["replays"] for lane in _native.stats().values())
 
 
+def _nodes() -> int:
+    """Autograd nodes the native lane has made in C++ so far (calls that needed a gradient)."""
+    return sum(lane.get("nodes", 0) for lane in _native.stats().values())
+
+
 def _differentiable(out) -> list:
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -89,14 +96,16 @@ def measure(spec, device: torch.device, dtype: torch.dtype, calls: int) -> dict:
     path = "C++" if _replays() - replays >= calls else "Python"  # the timed calls, not only the warm-up
     row = {"op": spec.name, "shape": spec.describe(shape), "dtype": str(dtype).replace("torch.", ""),
            "eager µs": eager, "tk µs": tk, "tk / eager": tk / eager, "tk path": path}  # fmt: skip
-    training = dict.fromkeys(["eager +backward µs", "tk +backward µs", "tk / eager +backward"])
+    training = dict.fromkeys(["eager +backward µs", "tk +backward µs", "tk / eager +backward", "tk autograd"])
     try:
         eager_step, tk_step = with_backward(spec.reference, args), with_backward(spec.tk, args)
     except Exception as error:  # the other columns still report
         return {**row, **training, "note": f"backward failed: {type(error).__name__}: {error}"}
     if eager_step is not None and tk_step is not None:
+        nodes = _nodes()
         eager_us, tk_us = per_call_us([eager_step, tk_step], (), device, calls)
-        training = dict(zip(training, (eager_us, tk_us, tk_us / eager_us)))
+        autograd = "C++ node" if _nodes() - nodes >= calls else "Python"
+        training = dict(zip(training, (eager_us, tk_us, tk_us / eager_us, autograd)))
     return {**row, **training}
 
 

@@ -428,8 +428,8 @@ def test_overhead_reports_plain_and_training_calls(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "eager +backward µs" in lines[1] and "tk / eager +backward" in lines[1]
     gelu = next(line.split() for line in lines if line.startswith("gelu "))
-    assert len(gelu) == 10 and all(float(v) > 0 for v in gelu[3:6] + gelu[7:])
-    assert gelu[6] == "Python"  # no CUDA here: the native lane is not in front of tk's ops
+    assert len(gelu) == 11 and all(float(v) > 0 for v in gelu[3:6] + gelu[7:10])
+    assert gelu[6] == gelu[10] == "Python"  # no CUDA here: the native lane is not in front of tk's ops
     backward_op = next(line.split() for line in lines if line.startswith("gelu_backward "))
     assert len(backward_op) == 7  # tk's gelu_backward has no backward of its own: no training columns
 
