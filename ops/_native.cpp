@@ -495,15 +495,21 @@ void call_with_node(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
   tk_node->save_result(result);
 }
 
-// (node name, "ns::backward_op" or "", [(token, index)], [gradient per forward argument])
-std::shared_ptr<const Formula> formula_from(py::handle description, size_t n_args) {
+// (node name, "ns::backward_op" or "", [(token, index)], [gradient per forward argument]).
+// A description it cannot use gives no formula and says why in `error` (no C++
+// exception crosses into Python from here).
+std::shared_ptr<const Formula> formula_from(py::handle description, size_t n_args, std::string& error) {
   auto desc = description.cast<py::tuple>();
   auto f = std::make_shared<Formula>();
   f->node_name = desc[0].cast<std::string>();
   auto backward = desc[1].cast<std::string>();
   size_t n_results = 0;
   if (!backward.empty()) {
-    f->backward = c10::Dispatcher::singleton().findSchemaOrThrow(backward.c_str(), "");
+    f->backward = c10::Dispatcher::singleton().findSchema({backward, ""});
+    if (!f->backward) {
+      error = "formula: no op named " + backward;
+      return nullptr;
+    }
     n_results = f->backward->schema().returns().size();
   }
   f->read.assign(n_args, 0);
@@ -511,20 +517,31 @@ std::shared_ptr<const Formula> formula_from(py::handle description, size_t n_arg
     auto item = h.cast<py::tuple>();
     auto kind = static_cast<Token>(item[0].cast<int64_t>());
     int64_t index = item[1].cast<int64_t>();
-    TORCH_CHECK(kind >= kIncomingGradient && kind <= kNeedsGradient, "formula: unknown token ", kind);
-    TORCH_CHECK(kind == kIncomingGradient || kind == kResult || (index >= 0 && static_cast<size_t>(index) < n_args),
-                "formula: argument ", index, " out of range");
+    if (kind < kIncomingGradient || kind > kNeedsGradient) {
+      error = "formula: unknown token " + std::to_string(kind);
+      return nullptr;
+    }
+    if ((kind == kArgument || kind == kNeedsGradient) && (index < 0 || static_cast<size_t>(index) >= n_args)) {
+      error = "formula: argument " + std::to_string(index) + " out of range";
+      return nullptr;
+    }
     if (kind == kArgument) f->read[index] = 1;
     if (kind == kResult) f->reads_result = true;
     f->arguments.emplace_back(kind, index);
   }
   for (py::handle h : desc[3].cast<py::list>()) {
     int64_t g = h.cast<int64_t>();
-    TORCH_CHECK(g >= kNoGradient && g < static_cast<int64_t>(n_results), "formula: gradient ", g, " is not one of the ",
-                n_results, " results of the backward op");
+    if (g < kNoGradient || g >= static_cast<int64_t>(n_results)) {
+      error = "formula: gradient " + std::to_string(g) + " is not one of the " + std::to_string(n_results) +
+              " results of the backward op";
+      return nullptr;
+    }
     f->gradients.push_back(g);
   }
-  TORCH_CHECK(f->gradients.size() == n_args, "formula: ", f->gradients.size(), " gradients for ", n_args, " arguments");
+  if (f->gradients.size() != n_args) {
+    error = "formula: " + std::to_string(f->gradients.size()) + " gradients for " + std::to_string(n_args) + " arguments";
+    return nullptr;
+  }
   return f;
 }
 
@@ -693,20 +710,26 @@ void register_lane(const std::string& ns, const std::string& name, const std::st
   lanes[ns + "::" + name + "/" + dispatch_key] = std::move(lane);
 }
 
-// The formula of ns::name's autograd lanes (None: calls needing a gradient go to Python).
-void set_formula(const std::string& ns, const std::string& name, py::object description) {
+// The formula of ns::name's autograd lanes (None: calls needing a gradient go to
+// Python).  Returns why a description was refused, or "" (the lanes keep theirs then).
+std::string set_formula(const std::string& ns, const std::string& name, py::object description) {
+  auto op = c10::Dispatcher::singleton().findSchema({ns + "::" + name, ""});
+  if (!op) return "no op named " + ns + "::" + name;
+  const c10::FunctionSchema& schema = op->schema();
+  std::shared_ptr<const Formula> formula;
+  if (!description.is_none()) {
+    if (schema.returns().size() != 1) return ns + "::" + name + ": a formula is for an op with one result";
+    std::string error;
+    formula = formula_from(description, schema.arguments().size(), error);
+    if (!formula) return ns + "::" + name + ": " + error;
+  }
   const std::string prefix = ns + "::" + name + "/";
-  c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow((ns + "::" + name).c_str(), "");
-  const c10::FunctionSchema& schema = op.schema();
-  TORCH_CHECK(description.is_none() || schema.returns().size() == 1, ns, "::", name,
-              ": a formula is for an op with one result");
-  size_t n_args = schema.arguments().size();
-  std::shared_ptr<const Formula> formula = description.is_none() ? nullptr : formula_from(description, n_args);
   for (auto& [key, lane] : lanes) {
     if (key.rfind(prefix, 0) != 0 || !lane->autograd) continue;
     std::lock_guard<std::mutex> lock(lane->mutex);
     lane->formula = formula;
   }
+  return "";
 }
 
 py::dict stats() {

@@ -108,7 +108,9 @@ def register(namespace: str, name: str, body, fallback_autograd, fallback_backen
 def set_formula(namespace: str, name: str, description) -> None:
     """The backward of ``namespace::name`` as one call of another op, for its C++ autograd node
     (see ``register_formula`` in _registry.py); None: calls needing a gradient go to Python."""
-    module().set_formula(namespace, name, description)
+    refused = module().set_formula(namespace, name, description)
+    if refused:
+        raise ValueError(refused)
 
 
 def stats() -> dict:

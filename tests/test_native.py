@@ -445,10 +445,17 @@ def test_formulas_the_node_could_not_run_are_refused_when_declared():
         Formula(torch.ops.tk_test.split.default, None, (), {"x": GRAD})
     with pytest.raises(ValueError, match="the formula names 'y', not one of its arguments \\['x', 'scale'\\]"):
         Formula(torch.ops.tk_test.scaled.default, None, (), {"y": GRAD})
-    with pytest.raises(RuntimeError, match="gradient 1 is not one of the 1 results of the backward op"):
-        native.set_formula("tk_test", "weighted_sum", ("X", "tk_test::doubled", [(0, 0)], [-1, 1]))
-    with pytest.raises(RuntimeError, match="a formula is for an op with one result"):
-        native.set_formula("tk_test", "split", ("X", "", [], [-1]))
+    refused = {  # message: (op, backward op, tokens, gradient codes)
+        "gradient 1 is not one of the 1 results of the backward op": ("weighted_sum", "tk_test::doubled", [(0, 0)], [-1, 1]),
+        "no op named tk_test::nope": ("weighted_sum", "tk_test::nope", [(0, 0)], [-1, -2]),
+        "argument 2 out of range": ("weighted_sum", "", [(1, 2)], [-1, -2]),
+        "2 gradients for 1 arguments": ("doubled", "", [], [-1, -2]),
+    }
+    for message, (op, backward, tokens, gradients) in refused.items():
+        with pytest.raises(ValueError, match=message):
+            _native.set_formula("tk_test", op, ("X", backward, tokens, gradients))
+    with pytest.raises(ValueError, match="a formula is for an op with one result"):
+        _native.set_formula("tk_test", "split", ("X", "", [], [-1]))
     x = torch.randn(3, requires_grad=True)  # the refused formulas left the declared one in place
     assert torch.ops.tk_test.weighted_sum(x, x).grad_fn.name() == "TkWeightedSumBackward"
 
