@@ -80,7 +80,7 @@ def _replays() -> int:
 
 def _nodes() -> int:
     """Autograd nodes the native lane has made in C++ so far (calls that needed a gradient)."""
-    return sum(lane.get("nodes", 0) for lane in _native.stats().values())
+    return sum(lane["nodes"] for lane in _native.stats().values())
 
 
 def _differentiable(out) -> list:

@@ -225,6 +225,17 @@ const c10::DispatchKeySet kNotPlain({
     c10::DispatchKey::NestedTensor,
 });
 
+// No dispatch mode and no functorch or functionalization layer is active.
+bool untraced() {
+  return c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
+         !c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain);
+}
+
+// A defined tensor the body sees as plain dense memory on the lane's device.
+bool plain(const at::Tensor& t, c10::DeviceType device_type) {
+  return t.device().type() == device_type && t.layout() == at::kStrided && !t.key_set().has_any(kNotPlain);
+}
+
 template <class T>
 void put(std::string& key, T value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof value);
@@ -232,8 +243,7 @@ void put(std::string& key, T value) {
 
 // The key of a call, or false if the call must take the Python path.
 bool make_key(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type, bool check_grad, std::string& key) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
-  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain)) return false;
+  if (!untraced()) return false;
   bool grad = check_grad && c10::GradMode::is_enabled();
   bool any_tensor = false;
   for (const c10::IValue& a : args) {
@@ -243,8 +253,7 @@ bool make_key(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type, bool
         put(key, 'U');
         continue;
       }
-      if (t.device().type() != device_type || t.layout() != at::kStrided) return false;
-      if (t.key_set().has_any(kNotPlain) || (grad && t.requires_grad())) return false;
+      if (!plain(t, device_type) || (grad && t.requires_grad())) return false;
       any_tensor = true;
       put(key, 'T');
       put(key, static_cast<int8_t>(t.scalar_type()));
@@ -456,21 +465,20 @@ class TkBackward final : public ag::Node {
 // dense tensors on the lane's device, nothing tracing, no forward-mode
 // gradient, and argument types the node knows.
 bool wants_node(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type) {
-  if (!c10::GradMode::is_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
-  if (c10::impl::tls_local_dispatch_key_set().included_.has_any(kNotPlain)) return false;
+  // Most calls need no gradient: this first pass is all they pay.
+  if (!c10::GradMode::is_enabled()) return false;
   bool needs = false;
+  for (const c10::IValue& a : args) needs = needs || (a.isTensor() && a.toTensor().requires_grad());
+  if (!needs || !untraced()) return false;
   for (const c10::IValue& a : args) {
     if (a.isTensor()) {
       const at::Tensor& t = a.toTensor();
-      if (!t.defined()) continue;
-      if (t.device().type() != device_type || t.layout() != at::kStrided || t.key_set().has_any(kNotPlain)) return false;
-      if (t._fw_grad(/*level=*/0).defined()) return false;
-      needs = needs || t.requires_grad();
+      if (t.defined() && (!plain(t, device_type) || t._fw_grad(/*level=*/0).defined())) return false;
     } else if (!(a.isNone() || a.isBool() || a.isInt() || a.isDouble() || a.isString() || a.isIntList())) {
       return false;
     }
   }
-  return needs;
+  return true;
 }
 
 // The call below autograd (replayed where it can be), then its node.

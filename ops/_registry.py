@@ -344,7 +344,7 @@ def register_formula(op, *, backward=None, arguments=(), gradients: dict[str, An
     Python through ``op.register_autograd`` (traced calls, the CPU), and on
     CUDA hands it to the native lane, whose C++ autograd node runs it with no
     Python on either side of the call.  An op whose backward is more than
-    that (matmul's transposes and batch sums) calls ``register_autograd``
+    that (cross_entropy's, with two results) calls ``register_autograd``
     itself.
     """
     formula = Formula(op._opoverload, None if backward is None else backward._opoverload, arguments, gradients)
@@ -421,12 +421,13 @@ def _is_tensor(schema_type) -> bool:
 def _keep_formulas_in_step(name: str, op) -> None:
     """A formula registered later with ``op.register_autograd`` replaces a declared one on both paths:
     the native lane forgets its copy, so calls needing a gradient go to the new Python formula."""
+    if not _NATIVE_CUDA:
+        return
     register_autograd = op.register_autograd
 
     @functools.wraps(register_autograd)
     def register_autograd_and_forget(*args, **kwargs):
-        if _NATIVE_CUDA:
-            _native.set_formula(NAMESPACE, name, None)
+        _native.set_formula(NAMESPACE, name, None)
         return register_autograd(*args, **kwargs)
 
     op.register_autograd = register_autograd_and_forget
