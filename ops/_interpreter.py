@@ -12,11 +12,19 @@ One wrinkle: library functions such as ``tl.max`` or ``tl.sigmoid`` are
 ``@triton.jit`` functions too, and a compiled-mode jit function refuses to
 be called from Python.  While an interpreted launch runs, such nested calls
 are routed to the interpreter, exactly as ``TRITON_INTERPRET=1`` would do.
+
+A second one: while it runs, the interpreter patches ``triton.language``, and
+a Triton module imported for the first time in that window keeps the patched
+objects for good.  Triton's code generator is such a module (its table of
+builtins maps ``min`` to ``tl.core.builtin_min`` when it is imported), and the
+interpreter's own argument conversion imports it lazily.  It is imported here,
+before any launch, so that a CUDA compile after a CPU call still works.
 """
 
 import contextlib
 import threading
 
+import triton.compiler.code_generator  # noqa: F401  (imported before any patching: see the docstring)
 from triton.language import core as tl_core
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
