@@ -129,8 +129,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the tk calls")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     a = p.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, a.dtype)
     names = sorted(ops.SPECS) if a.op == "all" else a.op.split(",")
     specs = [ops.get_spec(n) for n in names]

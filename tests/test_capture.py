@@ -15,7 +15,7 @@ from compare.variants import all_variants, select
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["--rep-ms", "2", "--rounds", "1", "--quiet"]
+FAST = ["--device", "cpu", "--rep-ms", "2", "--rounds", "1", "--quiet"]  # CPU on any machine, a GPU one too
 
 
 def run(root, *argv) -> int:

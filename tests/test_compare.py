@@ -15,7 +15,7 @@ from compare import cli, kernels, report, runner, schema, timing
 from compare.variants import all_variants, select
 from ops._registry import OpSpec
 
-FAST = ["--rep-ms", "2", "--rounds", "1", "--quiet", "--no-capture"]
+FAST = ["--device", "cpu", "--rep-ms", "2", "--rounds", "1", "--quiet", "--no-capture"]  # CPU on any machine: GPU runs are in test_compare_gpu.py
 
 
 def run(tmp_path, *argv) -> int:
@@ -424,12 +424,12 @@ def test_plot_axis_keeps_shapes_of_equal_size_apart():
 def test_overhead_reports_plain_and_training_calls(capsys):
     from compare import overhead
 
-    assert overhead.main(["--op", "gelu,gelu_backward", "--calls", "100"]) == 0
+    assert overhead.main(["--op", "gelu,gelu_backward", "--calls", "100", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "eager +backward µs" in lines[1] and "tk / eager +backward" in lines[1]
     gelu = next(line.split() for line in lines if line.startswith("gelu "))
     assert len(gelu) == 11 and all(float(v) > 0 for v in gelu[3:6] + gelu[7:10])
-    assert gelu[6] == gelu[10] == "Python"  # no CUDA here: the native lane is not in front of tk's ops
+    assert gelu[6] == gelu[10] == "Python"  # on the CPU the native lane is not in front of tk's ops
     backward_op = next(line.split() for line in lines if line.startswith("gelu_backward "))
     assert len(backward_op) == 7  # tk's gelu_backward has no backward of its own: no training columns
 

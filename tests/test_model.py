@@ -446,7 +446,7 @@ def test_spec_step_returns_the_loss_and_every_gradient():
 
 def test_harness_runs_the_block(tmp_path):
     argv = ["--op", "gpt_block", "--shapes", "2x8x16x2x32", "--variants", "eager,unfused,tk"]
-    argv += ["--rep-ms", "2", "--rounds", "1"]
+    argv += ["--device", "cpu", "--rep-ms", "2", "--rounds", "1"]
     assert cli.main([*argv, "--quiet", "--no-capture", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "gpt_block" / "results.json").read_text())
     by = {r["variant"]: r for r in doc["records"]}
