@@ -14,7 +14,7 @@ Kinds, in the order they appear in reports:
 * ``tk``             the hand-written Triton op;
 * ``compile-tk``     ``torch.compile`` of ``spec.tk``, where the spec asks for it
                      (a model built from tk ops: what Inductor adds around them);
-* ``peer``           another library's op, when it imports (``spec.peers``).
+* ``peer``           another library's op, when it imports and runs on the device (``spec.peers``, ``spec.peer_devices``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ KINDS = ("eager", "unfused", "compile", "max-autotune", "tk", "compile-tk", "pee
 
 
 class VariantSkipped(Exception):
-    """A peer library that is not installed: the variant is left out, not failed."""
+    """A peer library that is not installed, or a GPU one on the CPU: the variant is left out, not failed."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Variant:
     source: Callable  # the eager function this variant runs or compiles
     compile_mode: str | None = None  # set for the torch.compile kinds
     peer_loader: Callable[[], Callable] | None = None
+    peer_devices: tuple[str, ...] = ()  # the device types a peer runs on
 
     @property
     def compiled(self) -> bool:
@@ -52,9 +53,12 @@ class Variant:
         wrapper on every call, so that each shape compiles for itself."""
         if self.kind == "peer":
             try:
-                return self.peer_loader()
+                peer = self.peer_loader()
             except ImportError as e:
                 raise VariantSkipped(f"not installed ({e})") from e
+            if device.type not in self.peer_devices:
+                raise VariantSkipped(f"runs on {', '.join(self.peer_devices)} only, not on {device.type}")
+            return peer
         if not self.compiled:
             return self.source
         options = None
@@ -86,7 +90,7 @@ def all_variants(spec, max_autotune: bool = False) -> list[Variant]:
     out.append(Variant("tk", "tk", spec.tk))
     if spec.compile_tk:
         out.append(Variant("compile-tk", "compile-tk", spec.tk, compile_mode="default"))
-    out += [Variant(name, "peer", None, peer_loader=loader) for name, loader in spec.peers.items()]
+    out += [Variant(name, "peer", None, peer_loader=loader, peer_devices=spec.peer_devices) for name, loader in spec.peers.items()]
     return out
 
 

@@ -460,6 +460,7 @@ class OpSpec:
     bound: str = "memory"  # "memory": judged against copy bandwidth; "compute": against cuBLAS
     unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
     peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
+    peer_devices: tuple[str, ...] = ("cuda",)  # where the peers run (Liger's are Triton kernels for CUDA only)
     reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs
     compile_tk: bool = False  # also time torch.compile of `tk` (a model built from tk ops)
     kernel_modules: tuple[str, ...] = ()  # where the hand-written kernels live, if not in tk's own module

@@ -97,7 +97,7 @@ def test_every_op_end_to_end(all_ops_run, op):
     assert eager["first_call_ms"] > 0 and eager["p20_ms"] <= eager["median_ms"] <= eager["p80_ms"]
     for name in spec.unfused:
         assert records(doc, variant=name)[0]["status"] == "ok"
-    for name in spec.peers:  # not installed here: skipped, listed, not in the table
+    for name in spec.peers:  # on the CPU, installed or not: skipped, listed with the reason, not in the table
         assert any(s["variant"] == name for s in doc["skipped"])
 
 
@@ -185,6 +185,7 @@ def fake_spec(name="fake"):
         dtypes=(torch.float32,),
         unfused={"eager-raises": _raises, "eager-wrong": lambda x: torch.sigmoid(x) * 1.01, "eager-flaky": FlakyAfterFirst()},
         peers={"missing": _missing_peer, "crashy": _crashing_peer},
+        peer_devices=("cpu", "cuda"),
     )
 
 
@@ -223,6 +224,16 @@ def test_failures_are_rows_and_the_run_goes_on(tmp_path, fake_op, capsys):
     assert "peer `missing` skipped" in md
     table = report.terminal_tables(doc)
     assert "eager-wrong" in table and "(!)" in table and "missing" not in table
+
+
+def test_a_peer_is_skipped_on_a_device_it_does_not_run_on(tmp_path, monkeypatch):
+    spec = dataclasses.replace(fake_spec(), unfused={}, peers={"gpu-lib": lambda: torch.sigmoid}, peer_devices=("cuda",))
+    monkeypatch.setitem(ops.SPECS, spec.name, spec)
+    assert run(tmp_path, "--op", "fake", "--variants", "eager,peer", "--shapes", "64") == 0
+    doc = check_files_consistent(tmp_path, "fake")
+    peer = records(doc, variant="gpu-lib")[0]
+    assert peer["status"] == "skipped" and peer["error"] == "runs on cuda only, not on cpu"
+    assert doc["skipped"] == [{"variant": "gpu-lib", "reason": "runs on cuda only, not on cpu"}]
 
 
 def test_interrupted_run_keeps_the_previous_report(tmp_path, monkeypatch):

@@ -62,6 +62,7 @@ def fault_spec(unfused=None, peers=None, name=OP, shapes=((64,), (128,))):
         dtypes=(torch.float32,),
         unfused=unfused or {},
         peers=peers or {},
+        peer_devices=("cpu", "cuda"),
     )
 
 
