@@ -30,7 +30,9 @@ from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
 
 _lock = threading.Lock()
-_functions: dict[int, interpreter.InterpretedFunction] = {}
+# id(jit function) -> (the jit function, its interpreted version).  The entry
+# keeps the jit function alive, so that its id cannot be reused by another.
+_functions: dict[int, tuple[JITFunction, interpreter.InterpretedFunction]] = {}
 
 
 def _interpreted_function(kernel) -> interpreter.InterpretedFunction:
@@ -42,8 +44,8 @@ def _interpreted_function(kernel) -> interpreter.InterpretedFunction:
         return fn
     found = _functions.get(id(fn))
     if found is None:
-        found = _functions[id(fn)] = interpreter.InterpretedFunction(fn.fn)
-    return found
+        found = _functions[id(fn)] = (fn, interpreter.InterpretedFunction(fn.fn))
+    return found[1]
 
 
 def _call_nested(jit_function, *args, **kwargs):
@@ -97,6 +99,7 @@ class InterpretedKernel:
     """
 
     def __init__(self, kernel):
+        self.kernel = kernel  # kept alive: callers cache this object by id(kernel)
         self.function = _interpreted_function(kernel)
 
     def __getitem__(self, grid):
