@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
                    help="add torch.compile mode='max-autotune-no-cudagraphs' variants (tens of seconds per shape)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="first and last shape, one dtype, one short round")
     p.add_argument("--out", default="logs", help="output root (default: logs)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    environment.add_device_flag(p)
     p.add_argument("--rep-ms", type=float, default=None, help="timing per variant and round, ms (default: 40 on CUDA, 50 on CPU)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default: 3 on CUDA, 2 on CPU)")
     p.add_argument("--no-capture", action="store_true", help="do not capture Inductor's output code")
@@ -276,9 +276,7 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is available")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = environment.chosen_device(p, args.device)
     try:
         plans = make_plans(args, device)
     except UsageError as e:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shutil
 import subprocess
 
 import torch
+
+
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+
+
+def chosen_device(parser: argparse.ArgumentParser, choice: str | None) -> torch.device:
+    """The device ``--device`` names, CUDA when it names none and there is one; a usage error for CUDA without one."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    return torch.device(choice or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def nvidia_smi(query: str) -> str | None:

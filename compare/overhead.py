@@ -31,6 +31,8 @@ from tabulate import tabulate
 import ops
 from ops import _native
 
+from . import environment
+
 
 def per_call_us(fns, args, device: torch.device, calls: int, repeats: int = 7) -> list[float]:
     """For each of ``fns``: the median over ``repeats`` of the wall-clock time of ``calls``
@@ -129,9 +131,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the tk calls")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    environment.add_device_flag(p)
     a = p.parse_args(argv)
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = environment.chosen_device(p, a.device)
     dtype = getattr(torch, a.dtype)
     names = sorted(ops.SPECS) if a.op == "all" else a.op.split(",")
     specs = [ops.get_spec(n) for n in names]

@@ -280,6 +280,20 @@ def test_usage_errors(tmp_path, capsys, argv, expected):
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("main", ["harness", "overhead"])
+def test_device_cuda_without_cuda_is_a_usage_error(tmp_path, capsys, main):
+    from compare import overhead
+
+    with pytest.raises(SystemExit) as exit_info:
+        if main == "harness":
+            cli.main(["--op", "gelu", "--device", "cuda", "--out", str(tmp_path)])
+        else:
+            overhead.main(["--op", "gelu", "--device", "cuda"])
+    assert exit_info.value.code == 2
+    assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
 def test_dtype_aliases_and_defaults():
     spec = ops.SPECS["gelu"]
     assert cli.parse_dtypes("bf16,fp32", spec) == [torch.bfloat16, torch.float32]
