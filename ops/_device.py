@@ -28,16 +28,26 @@ def sm_count(index: int | None) -> int:
 
 
 @functools.cache
-def resident_programs_per_sm(index: int | None, num_warps: int, registers: int) -> int:
+def resident_programs_per_sm(index: int | None, num_warps: int, registers: int, shared: int = 0) -> int:
     """How many programs of num_warps warps, each thread capped at `registers`, one SM runs at once.
 
     The limits that bind for register-heavy kernels: the register file (64K
     32-bit registers on every NVIDIA GPU since Maxwell, where torch does not
-    report it) and the threads an SM holds."""
+    report it) and the threads an SM holds; for a program using `shared`
+    bytes of shared memory, also the SM's shared memory, of which the driver
+    reserves 1 KiB per program."""
     props = torch.cuda.get_device_properties(index)
     register_file = getattr(props, "regs_per_multiprocessor", 65536)
     threads = 32 * num_warps
-    return min(register_file // (registers * threads), props.max_threads_per_multi_processor // threads)
+    fits = min(register_file // (registers * threads), props.max_threads_per_multi_processor // threads)
+    if shared:
+        fits = min(fits, props.shared_memory_per_multiprocessor // (shared + 1024))
+    return fits
+
+
+@functools.cache
+def cuda_capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @functools.cache

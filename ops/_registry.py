@@ -95,6 +95,11 @@ def launcher(kernel, like: torch.Tensor):
     return found
 
 
+def launching_directly() -> bool:
+    """Whether this thread runs an op's body eagerly, launching kernels itself (not traced for Inductor)."""
+    return getattr(_direct, "on", False)
+
+
 def on_cuda(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import kind as _kind, resident_programs_per_sm, sm_count as _sm_count
+from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
     GRAD,
@@ -54,10 +54,16 @@ from ._registry import (
     check_same,
     check_tensor,
     launcher,
+    launching_directly,
     register_formula,
     register_op,
     register_spec,
 )
+
+try:  # the Gluon forward, where this Triton has the parts it uses (see _softmax_gluon)
+    from . import _softmax_gluon
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
+    _softmax_gluon = None
 
 
 # --------------------------------------------------------------------------
@@ -598,6 +604,7 @@ class _Cooperative:
     registers: int  # the cap, per thread
     programs_per_sm: int  # wanted; fewer where the SM holds fewer
     load_ahead: bool  # the next round's segment is loaded before this one is written (two held at once)
+    shared: int = 0  # bytes of shared memory a program asks for (the Gluon kernel's stages)
 
 
 def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int, load_ahead: bool) -> _Cooperative:
@@ -617,6 +624,32 @@ _COOPERATIVE_BACKWARD = {
     2: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=True),
     4: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=False),
 }
+
+# The forward's next segment staged in shared memory (Gluon, see
+# _softmax_gluon), for eager CUDA launches on Hopper or newer: keyed by
+# element size.  Segments of 8192 columns on 8 warps, one round ahead (two
+# stages).  H100, % of copy at 4096x40000 / 1024x65536 / 600x131072 /
+# 256x262144 / 128x524288 / 64x1048576, against the Triton kernel's
+# 76 / 80 / 80 / 81 / 75 / 75 (bf16) and 87 / 88 / 89 / 88 / 83 / 83 (float32)
+# in the same process: bf16, 4 programs an SM at 64 registers, 83 / 83 / 83 /
+# 83 / 80 / 78 (3 an SM: 78-79; four stages, 3 an SM: 72-79; 16384 columns
+# on 16 warps, 2 an SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32,
+# 3 an SM at 80 registers, 92 / 91 / 92 / 92 / 90 / 86.  Without the
+# release that orders a partial before its counter (wrong results, timing
+# only) bf16 ran at 85-91%: the release waits for the y stores before it.
+_STAGES = 2
+_STAGED_FORWARD = (
+    {
+        element_size: _Cooperative(
+            _softmax_gluon.softmax_forward_staged_kernel, 8192, 8, registers, per_sm, load_ahead=True,
+            shared=_STAGES * 8192 * element_size,
+        )
+        for element_size, registers, per_sm in ((2, 64, 4), (4, 80, 3))
+    }
+    if _softmax_gluon is not None
+    else {}
+)
+
 
 # Where a program loading ahead issues the next round's loads.  A row of few
 # segments waits briefly for its partials, so most of a round is the
@@ -717,7 +750,8 @@ def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: tor
     if not _COOPERATIVE_ROWS[kind]:
         return None
     if kind == "cuda":
-        per_sm = min(setup.programs_per_sm, resident_programs_per_sm(device.index, setup.warps, setup.registers))
+        fits = resident_programs_per_sm(device.index, setup.warps, setup.registers, setup.shared)
+        per_sm = min(setup.programs_per_sm, fits)
         programs = per_sm * _sm_count(device.index)
     else:
         programs = _CPU_PROGRAMS
@@ -747,6 +781,31 @@ def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inn
     )
 
 
+def _staged_setup(kernels: _Kernels, tensors, n_cols: int, inner: int) -> _Cooperative | None:
+    """The Gluon forward's setup where it applies: an eager launch (torch.compile traces Triton kernels
+    only) on Hopper or newer, rows along the last dim, every row start 16-byte aligned."""
+    like = tensors[-1]
+    if kernels is not _FORWARD or like.device.type != "cuda" or not launching_directly():
+        return None
+    setup = _STAGED_FORWARD.get(like.element_size())
+    if setup is None or inner != 1 or n_cols % 16 or cuda_capability(like.device.index)[0] < 9:
+        return None
+    return setup if all(t.data_ptr() % 16 == 0 for t in tensors) else None
+
+
+def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
+    x, y = tensors
+    n_rows = y.numel() // n_cols
+    n_segments, rows_at_once = plan
+    partials = _scratch_partials(y, n_rows, n_segments, 2)
+    arrived = torch.zeros(n_rows, dtype=torch.int32, device=y.device)
+    launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
+        x, y, *partials, arrived, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
+        SEGMENT=setup.segment, SEGMENTS_BLOCK=next_power_of_2(n_segments), STAGES=_STAGES,
+        VEC=16 // y.element_size(), num_warps=setup.warps, maxnreg=setup.registers,
+    )
+
+
 def _segment_len(setup: _Cooperative, kind: str) -> int:
     return setup.segment if kind == "cuda" else _CPU_SEGMENT
 
@@ -763,6 +822,10 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     setup = kernels.cooperative.get(like.element_size())
     plan = _cooperative_plan(setup, n_rows, n_cols, like.device) if setup is not None else None
     if plan is not None:
+        staged = _staged_setup(kernels, tensors, n_cols, inner)
+        staged_plan = _cooperative_plan(staged, n_rows, n_cols, like.device) if staged is not None else None
+        if staged_plan is not None:
+            return _run_staged(staged, staged_plan, tensors, n_cols)
         return _run_cooperative(setup, plan, kernels.n_partials, tensors, n_cols, inner, **flags)
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:

@@ -168,6 +168,7 @@ def launched(monkeypatch):
     spy_on("_run", lambda kernel: kernel.__name__)
     spy_on("_run_rows", lambda kernel: kernel.__name__)
     spy_on("_run_cooperative", lambda setup: setup.kernel.fn.__name__)
+    spy_on("_run_staged", lambda setup: setup.kernel.fn.__name__)
     return names
 
 
@@ -189,7 +190,13 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_segments_kernel",
     ],
     "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_cooperative_kernel"],
+    "staged": ["softmax_forward_staged_kernel", "softmax_backward_cooperative_kernel"],  # the Gluon forward
 }
+
+
+def staged_forward_here() -> bool:
+    """Whether eager forwards of long, aligned rows take the Gluon kernel on this GPU (see ops/_softmax_gluon.py)."""
+    return softmax_ops._softmax_gluon is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
 def test_softmax_short_rows_rule(monkeypatch):
@@ -387,7 +394,7 @@ def test_softmax_cooperative_next_load_rule():
 
 def test_softmax_cooperative_rule(monkeypatch):
     """The grid is what the GPU runs at once; the rows are spread evenly over rounds."""
-    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048})()
+    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
     from ops._device import resident_programs_per_sm
 
@@ -410,6 +417,12 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192 + 1, cuda) is None  # longer: split rows
         assert softmax_ops._cooperative_plan(bf16, 8, 1 << 20, torch.device("cpu")) is None  # off on CPU
         assert 8 not in softmax_ops._COOPERATIVE_FORWARD  # float64 keeps the other designs
+        assert resident_programs_per_sm(0, 8, 64, 32768) == 4  # registers bind: 65536 // (64 * 256)
+        assert resident_programs_per_sm(0, 8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
+        if softmax_ops._STAGED_FORWARD:  # the Gluon forward: bf16 4 an SM, float32 3 (its 64 KiB of stages)
+            staged_bf16, staged_fp32 = softmax_ops._STAGED_FORWARD[2], softmax_ops._STAGED_FORWARD[4]
+            assert softmax_ops._cooperative_plan(staged_bf16, 1024, 65536, cuda) == (8, 64)  # 528 programs
+            assert softmax_ops._cooperative_plan(staged_fp32, 1024, 65536, cuda) == (8, 49)  # 396 programs
     finally:
         resident_programs_per_sm.cache_clear()
 
@@ -419,13 +432,22 @@ def test_softmax_cooperative_rule(monkeypatch):
 def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments, one
     row and many, a strided dim; the path that computes partials itself gives
-    the same bits; and torch.compile launches the kernels too."""
-    cases = [((300, 70001), -1), ((3, (1 << 20) + 3), -1), ((66000, 5), 0), ((1000, 66000), -1), ((500, 40000), -1)]
-    for shape, dim in cases:
+    the same bits; and torch.compile launches the kernels too.  Rows along the
+    last dim of a multiple of 16 columns take the Gluon forward on Hopper."""
+    cases = [  # shape, dim, whether a multiple of 16 columns along the last dim
+        ((300, 70001), -1, False),
+        ((3, (1 << 20) + 3), -1, False),
+        ((66000, 5), 0, False),
+        ((1000, 66000), -1, True),
+        ((500, 40000), -1, True),
+        ((7, 5 * 8192 + 16), -1, True),  # fewer rows than a round holds
+    ]
+    for shape, dim, aligned in cases:
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
         y, grad, dx = check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
-        assert launched == DESIGN_KERNELS["cooperative"], (shape, launched)
+        design = "staged" if aligned and staged_forward_here() else "cooperative"
+        assert launched == DESIGN_KERNELS[design], (shape, launched)
         with monkeypatch.context() as patch:  # no program waits: each computes its row's partials
             patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
             assert torch.equal(torch.ops.tk.softmax(x, dim), y)
@@ -440,6 +462,101 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
     # Traced for Inductor: the forward on every compile; the backward's trace may come from Inductor's cache.
     assert launched[:1] == DESIGN_KERNELS["cooperative"][:1], launched
+
+
+class _FakeCudaTensor:
+    """What _staged_setup reads of a tensor, without a GPU."""
+
+    def __init__(self, element_size, data_ptr=0):
+        self.device = torch.device("cuda", 0)
+        self._element_size, self._data_ptr = element_size, data_ptr
+
+    def element_size(self):
+        return self._element_size
+
+    def data_ptr(self):
+        return self._data_ptr
+
+
+def test_softmax_staged_forward_rule(monkeypatch):
+    """The Gluon forward applies to eager launches of rows along the last dim,
+    16-byte aligned, 16- and 32-bit, on Hopper or newer; else the Triton kernel."""
+    if not softmax_ops._STAGED_FORWARD:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(softmax_ops, "launching_directly", lambda: True)
+    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (9, 0))
+    forward, backward = softmax_ops._FORWARD, softmax_ops._BACKWARD
+
+    def setup(kernels=forward, n_cols=65536, inner=1, size=2, offset=0):
+        return softmax_ops._staged_setup(kernels, (_FakeCudaTensor(size, offset), _FakeCudaTensor(size)), n_cols, inner)
+
+    assert setup() is softmax_ops._STAGED_FORWARD[2] and setup(size=4) is softmax_ops._STAGED_FORWARD[4]
+    assert setup(size=8) is None  # float64
+    assert setup(kernels=backward) is None
+    assert setup(inner=3) is None  # softmax along a dim other than the last
+    assert setup(n_cols=65536 + 8) is None  # rows 16-byte aligned for bf16, but Triton specializes on 16 elements
+    assert setup(offset=2) is None  # a view starting one element in
+    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (8, 0))
+    assert setup() is None  # before Hopper: tested on Hopper only
+    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (9, 0))
+    monkeypatch.setattr(softmax_ops, "launching_directly", lambda: False)
+    assert setup() is None  # traced for Inductor, which takes Triton kernels only
+
+
+def test_softmax_staged_forward_compiles_for_hopper():
+    """The Gluon kernel builds for sm_90 with the installed Triton (no GPU needed):
+    its copies are cp.async, its stages fit the shared memory the rule counts."""
+    if softmax_ops._softmax_gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = softmax_ops._softmax_gluon.softmax_forward_staged_kernel
+    for element_size, dtype in ((2, "bf16"), (4, "fp32")):
+        setup = softmax_ops._STAGED_FORWARD[element_size]
+        signature = {name: "i32" for name in kernel.arg_names}
+        signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", max_ptr="*fp32", sum_ptr="*fp32", arrived_ptr="*i32")
+        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=8, STAGES=softmax_ops._STAGES, VEC=16 // element_size)
+        signature.update({name: "constexpr" for name in constants})
+        aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
+        compiled = triton.compile(
+            GluonASTSource(kernel, signature, constants, aligned),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": setup.warps, "maxnreg": setup.registers},
+        )
+        assert "cp.async" in compiled.asm["ptx"]
+        assert setup.shared <= compiled.metadata.shared <= setup.shared + 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_softmax_staged_forward_edges_on_the_gpu(launched, dtype):
+    """The Gluon forward: -inf segments beside values near the dtype's range, a
+    whole -inf row (NaN, as in torch.softmax), a row start off 16 bytes (the
+    Triton kernel instead), and the same answers as the Triton kernel."""
+    if not staged_forward_here():
+        pytest.skip("the Gluon forward needs a Hopper GPU and a Triton with Gluon")
+    n_cols = 5 * 8192 + 48  # a last segment of 48 columns
+    x = (4 * torch.randn(40, n_cols, device="cuda")).to(dtype)
+    x[3, : 2 * 8192] = -float("inf")  # two whole segments of -inf
+    x[3, 2 * 8192 :] = -1e4 if dtype != torch.float16 else -6e4
+    x[5] = -float("inf")
+    x[7, 100] = torch.finfo(dtype).max
+    launched.clear()
+    y = torch.ops.tk.softmax(x, -1)
+    assert launched == DESIGN_KERNELS["staged"][:1]
+    expected = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[5]).all() and not torch.isnan(torch.cat([y[:5], y[6:]])).any()
+    keep = torch.arange(40, device="cuda") != 5
+    assert_close(y[keep], expected[keep], dtype)
+    off = torch.empty(40 * n_cols + 1, device="cuda", dtype=dtype)[1:].view(40, n_cols)  # 2 or 4 bytes off
+    off.copy_(x)
+    launched.clear()
+    y_off = torch.ops.tk.softmax(off, -1)
+    assert launched == DESIGN_KERNELS["cooperative"][:1]
+    assert torch.isnan(y_off[5]).all()
+    assert_close(y_off[keep], expected[keep], dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

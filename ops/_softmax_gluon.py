@@ -1,0 +1,125 @@
+"""Softmax's cooperative forward in Gluon: the next round's segment waits in shared memory.
+
+The cooperative forward (``softmax_forward_cooperative_kernel``) holds a row
+segment on chip while the row's programs wait for each other, and loads the
+next round's segment early so that the memory keeps working during the
+wait.  Written in Triton, both segments live in registers: a 16-bit forward
+needs 80 registers a thread, so 3 programs share an SM.  Triton gives a
+kernel no say over shared memory; Gluon, Triton's lower-level language
+(``triton.experimental.gluon``), does.  Here the next segment is copied
+straight from global to shared memory by ``cp.async`` (no registers held
+while it is in flight) and read into registers when its round starts: 52-64
+registers, 4 programs an SM for 16-bit rows.  More bytes in flight per SM,
+the number that decides these kernels (H100, % of copy bandwidth, rows of
+40000 to 1048576 columns: bf16 75-81 -> 78-83, float32 83-89 -> 86-92).
+
+Same algorithm, same partials, same fallback as the Triton kernel; only
+for CUDA launches made eagerly (``torch.compile`` traces Triton kernels
+only), rows whose every start is 16-byte aligned (``cp.async`` copies at
+least 4 bytes, and 16 to be fast), on Hopper or newer.  Importing this
+module fails on a Triton without the Gluon parts it uses.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+# Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
+_async_load = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _copy_segment_in(stage, x_ptr, row, n_rows, n_cols, cols):
+    """Start copying `row`'s segment into shared memory `stage` (zeros past the row or the last row)."""
+    in_bounds = (cols < n_cols) & (row < n_rows)
+    _async_load(stage, x_ptr + row.to(gl.int64) * n_cols + cols, mask=in_bounds)
+    cp.commit_group()
+
+
+@gluon.jit
+def _max_exp(x):
+    """max(x) and exp(x - max); -inf lanes give 0, and an all -inf block shifts by 0 (no NaN)."""
+    block_max = gl.max(x, axis=0)
+    return block_max, gl.exp(x - gl.where(block_max == -float("inf"), 0.0, block_max))
+
+
+@gluon.jit
+def _as_float32(x, cols, n_cols):
+    return gl.where(cols < n_cols, x.to(gl.float32), -float("inf"))
+
+
+@gluon.jit
+def _row_partials(ptr, row, n_segments, other, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
+    """All partials of `row`, from L2 (`.cg`): programs on other SMs wrote them."""
+    segments = gl.arange(0, SEGMENTS_BLOCK, layout=layout)
+    offsets = row.to(gl.int64) * n_segments + segments
+    return gl.load(ptr + offsets, mask=segments < n_segments, other=other, cache_modifier=".cg")
+
+
+@gluon.jit
+def _partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr,
+                   layout: gl.constexpr, small: gl.constexpr):  # fmt: skip
+    """Every segment's (max, sum) of `row`, computed by this program from global memory: the same
+    values in the same layout as their owners reduce, so the same bits."""
+    segments = gl.arange(0, SEGMENTS_BLOCK, layout=small)
+    part_max = gl.full([SEGMENTS_BLOCK], -float("inf"), gl.float32, small)
+    part_sum = gl.zeros([SEGMENTS_BLOCK], gl.float32, small)
+    for segment in range(0, n_segments):
+        cols = segment * SEGMENT + gl.arange(0, SEGMENT, layout=layout)
+        x = gl.load(x_ptr + row.to(gl.int64) * n_cols + cols, mask=cols < n_cols, other=0.0)
+        seg_max, numerator = _max_exp(_as_float32(x, cols, n_cols))
+        part_max = gl.where(segments == segment, seg_max, part_max)
+        part_sum = gl.where(segments == segment, gl.sum(numerator, axis=0), part_sum)
+    return part_max, part_sum
+
+
+@gluon.jit
+def softmax_forward_staged_kernel(
+    x_ptr, y_ptr, max_ptr, sum_ptr, arrived_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
+    SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr,
+):
+    """Rows held on chip across programs, the next STAGES - 1 rounds' segments staged in shared memory.
+
+    Program p owns segment p % n_segments of rows p // n_segments + k * rows_at_once.  A round:
+    wait for its segment's copy, publish (max, sum) of the segment, count in on the row's counter,
+    wait for the row's other segments, combine, write y = exp(x - segment max) times one factor."""
+    WARPS: gl.constexpr = gl.num_warps()
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])  # VEC elements = 16 bytes a thread
+    small: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    stages = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, SEGMENT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    pid = gl.program_id(0)
+    segment = pid % n_segments
+    first_row = pid // n_segments
+    cols = segment * SEGMENT + gl.arange(0, SEGMENT, layout=layout)
+    for early in gl.static_range(STAGES - 1):
+        _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
+    for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        # The stage refilled now was read into registers a round ago.
+        ahead = round + STAGES - 1
+        _copy_segment_in(stages.index(ahead % STAGES), x_ptr, first_row + ahead * rows_at_once, n_rows, n_cols, cols)
+        cp.wait_group(STAGES - 1)  # every copy but the STAGES - 1 newest has landed: this round's
+        seg_max, numerator = _max_exp(_as_float32(stages.index(round % STAGES).load(layout), cols, n_cols))
+        at = row.to(gl.int64) * n_segments + segment
+        gl.store(max_ptr + at, seg_max)
+        gl.store(sum_ptr + at, gl.sum(numerator, axis=0))
+        _cta_barrier()  # every thread's partial store before the counter's release
+        seen = gl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+        spins = 0
+        while (seen < n_segments) & (spins < max_spins):
+            seen = gl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+            spins += 1
+        if seen >= n_segments:
+            part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK, small)
+            part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK, small)
+        else:  # waited too long (fewer programs resident than the grid): compute the row's partials here
+            part_max, part_sum = _partials_here(x_ptr, row, n_cols, n_segments, SEGMENT, SEGMENTS_BLOCK, layout, small)
+            # Read this segment again rather than keep its numerators in registers through that loop.
+            x = gl.load(x_ptr + row.to(gl.int64) * n_cols + cols, mask=cols < n_cols, other=0.0)
+            seg_max, numerator = _max_exp(_as_float32(x, cols, n_cols))
+        row_max = gl.max(part_max, axis=0)
+        row_sum = gl.sum(part_sum * gl.exp(part_max - row_max), axis=0)
+        y = numerator * (gl.exp(seg_max - row_max) / row_sum)
+        gl.store(y_ptr + row.to(gl.int64) * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
