@@ -35,7 +35,9 @@ Four designs, picked by row length, row count, dtype and device:
   programs of a row must run at the same time, so the grid is sized to
   what fits on the GPU at once; a program that waits too long computes
   the missing partials itself, so the result never depends on scheduling
-  and the kernel cannot hang.
+  and the kernel cannot hang.  Eager forwards of aligned rows on Hopper take
+  the same design written in Gluon, with the next segment staged in shared
+  memory (ops/_softmax_gluon.py).
 """
 
 from dataclasses import dataclass
