@@ -638,7 +638,8 @@ _COOPERATIVE_BACKWARD = {
 # on 16 warps, 2 an SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32,
 # 3 an SM at 80 registers, 92 / 91 / 92 / 92 / 90 / 86.  Without the
 # release that orders a partial before its counter (wrong results, timing
-# only) bf16 ran at 85-91%: the release waits for the y stores before it.
+# only) bf16 ran at 85-91%: the release, which waits for the program's
+# earlier stores, is what the 16-bit forward still pays.
 _STAGES = 2
 _STAGED_FORWARD = (
     {
