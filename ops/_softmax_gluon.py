@@ -24,6 +24,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
+# The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
+# tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
+# imports this module after defining them.
+from .softmax import _block_max_exp, _combine_partials, _rescale
+
+_max_exp = gluon.jit(_block_max_exp.fn)
+_combine = gluon.jit(_combine_partials.fn)
+_factor = gluon.jit(_rescale.fn)
+
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
 _async_load = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -35,13 +44,6 @@ def _copy_segment_in(stage, x_ptr, row, n_rows, n_cols, cols):
     in_bounds = (cols < n_cols) & (row < n_rows)
     _async_load(stage, x_ptr + row.to(gl.int64) * n_cols + cols, mask=in_bounds)
     cp.commit_group()
-
-
-@gluon.jit
-def _max_exp(x):
-    """max(x) and exp(x - max); -inf lanes give 0, and an all -inf block shifts by 0 (no NaN)."""
-    block_max = gl.max(x, axis=0)
-    return block_max, gl.exp(x - gl.where(block_max == -float("inf"), 0.0, block_max))
 
 
 @gluon.jit
@@ -119,7 +121,6 @@ def softmax_forward_staged_kernel(
             # Read this segment again rather than keep its numerators in registers through that loop.
             x = gl.load(x_ptr + row.to(gl.int64) * n_cols + cols, mask=cols < n_cols, other=0.0)
             seg_max, numerator = _max_exp(_as_float32(x, cols, n_cols))
-        row_max = gl.max(part_max, axis=0)
-        row_sum = gl.sum(part_sum * gl.exp(part_max - row_max), axis=0)
-        y = numerator * (gl.exp(seg_max - row_max) / row_sum)
+        row_max, row_sum = _combine(part_max, part_sum)
+        y = numerator * _factor(seg_max, row_max, row_sum)
         gl.store(y_ptr + row.to(gl.int64) * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)

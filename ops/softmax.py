@@ -62,11 +62,6 @@ from ._registry import (
     register_spec,
 )
 
-try:  # the Gluon forward, where this Triton has the parts it uses (see _softmax_gluon)
-    from . import _softmax_gluon
-except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
-    _softmax_gluon = None
-
 
 # --------------------------------------------------------------------------
 # Pieces shared by the kernels.
@@ -640,18 +635,21 @@ _COOPERATIVE_BACKWARD = {
 # release that orders a partial before its counter (wrong results, timing
 # only) bf16 ran at 85-91%: the release, which waits for the program's
 # earlier stores, is what the 16-bit forward still pays.
+try:  # after the kernel pieces above, which the Gluon module reuses
+    from . import _softmax_gluon
+except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses
+    _softmax_gluon = None
+
 _STAGES = 2
-_STAGED_FORWARD = (
-    {
-        element_size: _Cooperative(
-            _softmax_gluon.softmax_forward_staged_kernel, 8192, 8, registers, per_sm, load_ahead=True,
-            shared=_STAGES * 8192 * element_size,
-        )
-        for element_size, registers, per_sm in ((2, 64, 4), (4, 80, 3))
-    }
-    if _softmax_gluon is not None
-    else {}
-)
+
+
+def _staged(element_size: int, registers: int, programs_per_sm: int, segment: int = 8192) -> _Cooperative:
+    kernel = _softmax_gluon.softmax_forward_staged_kernel
+    shared = _STAGES * segment * element_size
+    return _Cooperative(kernel, segment, 8, registers, programs_per_sm, load_ahead=True, shared=shared)
+
+
+_STAGED_FORWARD = {2: _staged(2, 64, 4), 4: _staged(4, 80, 3)} if _softmax_gluon is not None else {}
 
 
 # Where a program loading ahead issues the next round's loads.  A row of few
@@ -771,12 +769,17 @@ def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: i
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
 
+def _scratch_and_counters(like: torch.Tensor, n_rows: int, n_segments: int, n_partials: int):
+    """The cooperative kernels' partials and each row's counter of published partials (from zero)."""
+    partials = _scratch_partials(like, n_rows, n_segments, n_partials)
+    return partials, torch.zeros(n_rows, dtype=torch.int32, device=like.device)
+
+
 def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inner, **flags):
     like = tensors[-1]
     n_rows, kind = like.numel() // n_cols, _kind(like.device)
     n_segments, rows_at_once = plan
-    partials = _scratch_partials(like, n_rows, n_segments, n_partials)
-    arrived = torch.zeros(n_rows, dtype=torch.int32, device=like.device)
+    partials, arrived = _scratch_and_counters(like, n_rows, n_segments, n_partials)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
         SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=next_power_of_2(n_segments),
@@ -800,8 +803,7 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     x, y = tensors
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
-    partials = _scratch_partials(y, n_rows, n_segments, 2)
-    arrived = torch.zeros(n_rows, dtype=torch.int32, device=y.device)
+    partials, arrived = _scratch_and_counters(y, n_rows, n_segments, 2)
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, *partials, arrived, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=next_power_of_2(n_segments), STAGES=_STAGES,
