@@ -11,7 +11,11 @@ straight from global to shared memory by ``cp.async`` (no registers held
 while it is in flight) and read into registers when its round starts: 52-64
 registers, 4 programs an SM for 16-bit rows.  More bytes in flight per SM,
 the number that decides these kernels (H100, % of copy bandwidth, rows of
-40000 to 1048576 columns: bf16 75-81 -> 78-83, float32 83-89 -> 86-92).
+40000 to 1048576 columns, partials behind a counter with a release: bf16
+75-81 -> 78-83, float32 83-89 -> 86-92).  Once partials were published as
+one word each, without the release, the Triton kernel came within a few
+points (bf16 81-94 against this kernel's 81-93); the stages still win on
+the longest rows (128 and 64 rows of 524288 and 1048576 columns).
 
 Same algorithm, same partials, same fallback as the Triton kernel; only
 for CUDA launches made eagerly (``torch.compile`` traces Triton kernels
@@ -27,11 +31,15 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
 # tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
 # imports this module after defining them.
-from .softmax import _block_max_exp, _combine_partials, _rescale
+from .softmax import _block_max_exp, _combine_partials, _pack, _poll, _publish, _rescale, _unpack
 
 _max_exp = gluon.jit(_block_max_exp.fn)
 _combine = gluon.jit(_combine_partials.fn)
 _factor = gluon.jit(_rescale.fn)
+_pack_word = gluon.jit(_pack.fn)
+_unpack_word = gluon.jit(_unpack.fn)
+_publish_word = gluon.jit(_publish.fn)
+_poll_words = gluon.jit(_poll.fn)
 
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
 _async_load = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
@@ -52,11 +60,11 @@ def _as_float32(x, cols, n_cols):
 
 
 @gluon.jit
-def _row_partials(ptr, row, n_segments, other, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
-    """All partials of `row`, from L2 (`.cg`): programs on other SMs wrote them."""
+def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
+    """The row's partial words once all are published (see ops/softmax.py's _poll).  SEGMENTS_BLOCK
+    is at least the program's threads, so `layout` gives each word one copy (see _words_block)."""
     segments = gl.arange(0, SEGMENTS_BLOCK, layout=layout)
-    offsets = row.to(gl.int64) * n_segments + segments
-    return gl.load(ptr + offsets, mask=segments < n_segments, other=other, cache_modifier=".cg")
+    return _poll_words(words_ptr + row.to(gl.int64) * n_segments + segments, segments < n_segments, max_spins)
 
 
 @gluon.jit
@@ -78,14 +86,14 @@ def _partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr, SEGMEN
 
 @gluon.jit
 def softmax_forward_staged_kernel(
-    x_ptr, y_ptr, max_ptr, sum_ptr, arrived_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
+    x_ptr, y_ptr, words_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
     SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr,
 ):
     """Rows held on chip across programs, the next STAGES - 1 rounds' segments staged in shared memory.
 
     Program p owns segment p % n_segments of rows p // n_segments + k * rows_at_once.  A round:
-    wait for its segment's copy, publish (max, sum) of the segment, count in on the row's counter,
-    wait for the row's other segments, combine, write y = exp(x - segment max) times one factor."""
+    wait for its segment's copy, publish (max, sum) of the segment as one word, wait for the row's
+    other words, combine, write y = exp(x - segment max) times one factor."""
     WARPS: gl.constexpr = gl.num_warps()
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])  # VEC elements = 16 bytes a thread
     small: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -99,23 +107,17 @@ def softmax_forward_staged_kernel(
         _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
     for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
-        # The stage refilled now was read into registers a round ago.
+        # The stage refilled now was read into registers a round ago, by every warp once all pass here.
+        _cta_barrier()
         ahead = round + STAGES - 1
         _copy_segment_in(stages.index(ahead % STAGES), x_ptr, first_row + ahead * rows_at_once, n_rows, n_cols, cols)
         cp.wait_group(STAGES - 1)  # every copy but the STAGES - 1 newest has landed: this round's
         seg_max, numerator = _max_exp(_as_float32(stages.index(round % STAGES).load(layout), cols, n_cols))
-        at = row.to(gl.int64) * n_segments + segment
-        gl.store(max_ptr + at, seg_max)
-        gl.store(sum_ptr + at, gl.sum(numerator, axis=0))
-        _cta_barrier()  # every thread's partial store before the counter's release
-        seen = gl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
-        spins = 0
-        while (seen < n_segments) & (spins < max_spins):
-            seen = gl.atomic_add(arrived_ptr + row, 0, sem="acquire")
-            spins += 1
-        if seen >= n_segments:
-            part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK, small)
-            part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK, small)
+        word = _pack_word(seg_max, gl.sum(numerator, axis=0))
+        _publish_word(words_ptr, row.to(gl.int64) * n_segments + segment, word)
+        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK, small)
+        if published:
+            part_max, part_sum = _unpack_word(words)
         else:  # waited too long (fewer programs resident than the grid): compute the row's partials here
             part_max, part_sum = _partials_here(x_ptr, row, n_cols, n_segments, SEGMENT, SEGMENTS_BLOCK, layout, small)
             # Read this segment again rather than keep its numerators in registers through that loop.

@@ -28,8 +28,8 @@ Four designs, picked by row length, row count, dtype and device:
 * on CUDA, rows longer than a block are usually *held on chip across
   programs* instead: each program of a persistent grid keeps one segment of
   a row in registers, publishes its partial, waits until every segment of
-  the row has published (a counter per row), combines the partials and
-  writes its segment from the registers.  x is read once, as in the
+  the row has published (each partial one word, its own flag), combines
+  the partials and writes its segment from the registers.  x is read once, as in the
   one-block design, where the two designs above read it twice (an H100's
   L2 does not keep the first read: 60-70% of copy bandwidth).  The
   programs of a row must run at the same time, so the grid is sized to
@@ -368,12 +368,32 @@ def softmax_backward_segments_kernel(
 
 # --------------------------------------------------------------------------
 # Rows held on chip across programs: a persistent grid, one segment of a row
-# per program, partials in an (n_rows, n_segments) scratch and a counter per
-# row.  Program p always takes segment p % n_segments, of rows p //
+# per program, each segment's partial one word of an (n_rows, n_segments)
+# scratch.  Program p always takes segment p % n_segments, of rows p //
 # n_segments, then rows_at_once further on, and so on: all programs of a row
 # are in the same round, so no program ever waits for one that is still
 # busy with a later row.
+#
+# A partial is published as a single 64-bit word, two float32 packed, so the
+# word is its own flag: the scratch starts with every word _UNPUBLISHED and a
+# program polls its row's words until none is.  The first version published
+# two float32 stores and then counted in on a counter per row, which needs a
+# release (whoever sees the count must see the partials), and a release waits
+# until the program's earlier stores have landed, the last round's y among
+# them: on an H100 that wait cost the 16-bit forward 3-8 points of copy
+# bandwidth.  One word needs nothing ordered before it: a relaxed atomic.
 # --------------------------------------------------------------------------
+
+_UNPUBLISHED = tl.constexpr(-1)  # all 64 bits set: no partial packs to it (see _pack)
+_PADDING_WORD = tl.constexpr(-(1 << 55))  # 0xff800000_00000000: (-inf, 0.0), a partial that counts for nothing
+
+
+@triton.jit
+def _unpublish_kernel(words_ptr, n, BLOCK: tl.constexpr):
+    """Every word of a scratch set to _UNPUBLISHED.  (A scratch has a word per
+    segment of 8192 elements: far fewer than 2**31, so int32 offsets do.)"""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(words_ptr + offsets, tl.full((BLOCK,), _UNPUBLISHED, tl.int64), mask=offsets < n)
 
 
 @triton.jit
@@ -385,28 +405,62 @@ def _cooperative_program(n_segments, SEGMENT: tl.constexpr):
 
 
 @triton.jit
-def _arrive(arrived_ptr, row):
-    """Count this program's partial of `row` as published; how many have been, this one included.
-
-    The barrier orders every thread's store of the partial before the
-    counter's release: whoever sees the count also sees the partials."""
-    tl.debug_barrier()
-    return tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+def _pack(high, low):
+    """Two float32 as one int64 word, `high` in the upper half.  A NaN `low` is
+    stored as the canonical NaN (0x7fc00000), so no word has all bits set."""
+    low = tl.where(low == low, low, float("nan"))
+    high_bits = high.to(tl.int32, bitcast=True).to(tl.int64)  # sign-extended: the shift drops the extension
+    return (high_bits << 32) | low.to(tl.uint32, bitcast=True).to(tl.int64)  # unsigned: zero-extended
 
 
 @triton.jit
-def _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
-    """Wait until all n_segments partials of `row` are published; False if max_spins polls were not enough.
+def _pack_dot(dot):
+    """The backward's partial, sum(dy * y), as a word (in the lower half)."""
+    return _pack(tl.zeros_like(dot), dot)
 
-    The grid is sized so that every program runs at once and the wait is
-    short (microseconds).  If the GPU runs fewer at once (another process
-    holds SMs, a GPU with fewer registers), a program gives up after
-    max_spins polls and its caller computes the partials itself."""
+
+@triton.jit
+def _unpack(word):
+    """The two float32 of a word (or of a block of words), upper half first."""
+    high = (word >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return high, word.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _publish(words_ptr, at, word):
+    """Hand this program's partial to its row's other programs: one relaxed
+    atomic, which does not wait for this program's other stores."""
+    tl.atomic_xchg(words_ptr + at, word, sem="relaxed")
+
+
+@triton.jit
+def _count_unpublished(words):
+    return tl.sum((words == _UNPUBLISHED).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _poll(word_ptrs, mask, max_spins):
+    """The words at `word_ptrs` (lanes off `mask`: _PADDING_WORD), read again up to
+    max_spins times until every one is published; and whether every one is.
+
+    Volatile loads read L2, where other SMs' atomics land, on each poll.  The
+    grid is sized so that a row's programs all run at once and the wait is
+    short (microseconds).  If the GPU runs fewer at once (another process holds
+    SMs, a GPU with fewer registers), a program gives up after max_spins polls
+    and its caller computes the partials itself."""
+    words = tl.load(word_ptrs, mask=mask, other=_PADDING_WORD, volatile=True)
     spins = 0
-    while (seen < n_segments) & (spins < max_spins):
-        seen = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+    while (_count_unpublished(words) > 0) & (spins < max_spins):
+        words = tl.load(word_ptrs, mask=mask, other=_PADDING_WORD, volatile=True)
         spins += 1
-    return seen >= n_segments
+    return words, _count_unpublished(words) == 0
+
+
+@triton.jit
+def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: tl.constexpr):
+    """The row's partial words once all are published (see _poll)."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    return _poll(words_ptr + _partial_at(row, segments, n_segments), segments < n_segments, max_spins)
 
 
 @triton.jit
@@ -439,7 +493,7 @@ def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.
 
 @triton.jit
 def softmax_forward_cooperative_kernel(
-    x_ptr, y_ptr, max_ptr, sum_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr,
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y.
@@ -459,15 +513,12 @@ def softmax_forward_cooperative_kernel(
         if LOAD_NEXT == "before_partial":
             x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         seg_max, numerator = _block_max_exp(x)
-        at = _partial_at(row, segment, n_segments)
-        tl.store(max_ptr + at, seg_max)
-        tl.store(sum_ptr + at, tl.sum(numerator, axis=0))
-        seen = _arrive(arrived_ptr, row)
+        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack(seg_max, tl.sum(numerator, axis=0)))
         if LOAD_NEXT == "during_wait":
             x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
-        if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
-            part_max = _row_partials(max_ptr, row, n_segments, -float("inf"), SEGMENTS_BLOCK)
-            part_sum = _row_partials(sum_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+        if published:
+            part_max, part_sum = _unpack(words)
         else:
             part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
             # Compute this segment's numerator again rather than keep it in registers through the loop above.
@@ -508,7 +559,7 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
 
 @triton.jit
 def softmax_backward_cooperative_kernel(
-    dy_ptr, y_ptr, dx_ptr, dot_ptr, arrived_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, LOAD_NEXT: tl.constexpr,
 ):
     """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx.
@@ -523,12 +574,12 @@ def softmax_backward_cooperative_kernel(
         next_row = row + rows_at_once
         if LOAD_NEXT == "before_partial":
             dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
-        tl.store(dot_ptr + _partial_at(row, segment, n_segments), _segment_dot(dy, y, NATIVE_16BIT))
-        seen = _arrive(arrived_ptr, row)
+        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
         if LOAD_NEXT == "during_wait":
             dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
-        if _all_arrived(arrived_ptr, row, seen, n_segments, max_spins):
-            part_dot = _row_partials(dot_ptr, row, n_segments, 0.0, SEGMENTS_BLOCK)
+        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+        if published:
+            _, part_dot = _unpack(words)
         else:
             part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT, SEGMENT, SEGMENTS_BLOCK)
             # Read this segment again rather than keep it in registers through the loop above.
@@ -584,13 +635,21 @@ _MIN_SEGMENT_CHUNKS = 4  # the shortest segment, in chunks
 # registers, did not pay: its conversions to float32 spill (61-75%).  Keeping
 # exp(x - segment max) instead of x, so that the write after the wait is one
 # multiply, did: bf16 73 / 77 / 71 / 75 -> 78 / 83 / 74 / 80, fp16 the same,
-# float32 +0.3-1.6 points (the same process).
+# float32 +0.3-1.6 points (the same process).  Publishing each partial as one
+# word (a relaxed atomic, no release; see the kernels' section) lifted every
+# setup, % of copy at 4096x40000 / 1024x65536 / 600x131072 / 256x262144 /
+# 128x524288 / 64x1048576, CUDA-graph time, the same process: forward bf16
+# 75 / 80 / 80 / 83 / 76 / 75 -> 94 / 92 / 91 / 90 / 84 / 81; float32
+# 108 / 89 / 90 / 89 / 83 / 83 -> 120 / 95 / 96 / 94 / 88 / 85 (a copy of
+# the 655 MB tensor ran slower than the softmax); backward bf16 90 / 92 / 92 /
+# 91 / 86 / 84 -> 99 / 99 / 99 / 97 / 92 / 87, float32 116 / 95 / 96 / 92 /
+# 86 / 84 -> 120 / 97 / 99 / 98 / 90 / 84.
 # The interpreter runs one program after another, so no program there could
 # ever see another's partial: off on CPU, except in tests, which then take
 # the path that computes the partials itself, over _CPU_SEGMENT columns.
 _COOPERATIVE_ROWS = {"cuda": True, "cpu": False}
 _CPU_SEGMENT = 32
-_MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's counter before computing its partials here
+_MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's words before computing its partials here
 
 
 @dataclass(frozen=True)
@@ -628,13 +687,15 @@ _COOPERATIVE_BACKWARD = {
 # stages).  H100, % of copy at 4096x40000 / 1024x65536 / 600x131072 /
 # 256x262144 / 128x524288 / 64x1048576, against the Triton kernel's
 # 76 / 80 / 80 / 81 / 75 / 75 (bf16) and 87 / 88 / 89 / 88 / 83 / 83 (float32)
-# in the same process: bf16, 4 programs an SM at 64 registers, 83 / 83 / 83 /
-# 83 / 80 / 78 (3 an SM: 78-79; four stages, 3 an SM: 72-79; 16384 columns
-# on 16 warps, 2 an SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32,
-# 3 an SM at 80 registers, 92 / 91 / 92 / 92 / 90 / 86.  Without the
-# release that orders a partial before its counter (wrong results, timing
-# only) bf16 ran at 85-91%: the release, which waits for the program's
-# earlier stores, is what the 16-bit forward still pays.
+# in the same process, both publishing through a counter with a release:
+# bf16, 4 programs an SM at 64 registers, 83 / 83 / 83 / 83 / 80 / 78 (3 an
+# SM: 78-79; four stages, 3 an SM: 72-79; 16384 columns on 16 warps, 2 an
+# SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32, 3 an SM at 80
+# registers, 92 / 91 / 92 / 92 / 90 / 86.  With partials published as one
+# word each, the release gone, the two kernels come close: bf16 93 / 92 / 93
+# / 90 / 86 / 81 here against the Triton kernel's 94 / 92 / 91 / 90 / 84 /
+# 81, float32 116 / 92 / 95 / 95 / 91 / 86 against 120 / 95 / 96 / 94 / 88 /
+# 85.  The stages still pay for the longest rows.
 try:  # after the kernel pieces above, which the Gluon module reuses
     from . import _softmax_gluon
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses
@@ -769,20 +830,41 @@ def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: i
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
 
-def _scratch_and_counters(like: torch.Tensor, n_rows: int, n_segments: int, n_partials: int):
-    """The cooperative kernels' partials and each row's counter of published partials (from zero)."""
-    partials = _scratch_partials(like, n_rows, n_segments, n_partials)
-    return partials, torch.zeros(n_rows, dtype=torch.int32, device=like.device)
+def _unpublished_words(like: torch.Tensor, n_rows: int, n_segments: int) -> torch.Tensor:
+    """The cooperative kernels' scratch: a word per (row, segment), none published yet.
+
+    Filled by a kernel of its own rather than torch.full: a body that only
+    allocates and launches Triton kernels can be replayed from C++ (see
+    _native.py): on the H100 host an eager 8x65536 bfloat16 call went from
+    88 µs to 14 (torch.softmax: 10)."""
+    words = torch.empty(n_rows, n_segments, dtype=torch.int64, device=like.device)
+    n = words.numel()
+    launcher(_unpublish_kernel, like)[(cdiv(n, _FILL_BLOCK),)](words, n, BLOCK=_FILL_BLOCK)
+    return words
 
 
-def _run_cooperative(setup: _Cooperative, plan, n_partials, tensors, n_cols, inner, **flags):
+_FILL_BLOCK = 1024
+
+
+def _words_block(setup: _Cooperative, n_segments: int) -> int:
+    """SEGMENTS_BLOCK of the cooperative kernels: a row's words, at least one a thread.
+
+    A block smaller than the program's threads is replicated across them, each
+    copy loaded on its own while the words are still being published: copies
+    can disagree, and the threads with them (one decides the row is complete
+    and combines a copy that is not).  One copy per word keeps every thread's
+    view the same; the GPU test that compares waiting with not waiting found
+    NaN rows without it."""
+    return max(next_power_of_2(n_segments), 32 * setup.warps)
+
+
+def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags):
     like = tensors[-1]
     n_rows, kind = like.numel() // n_cols, _kind(like.device)
     n_segments, rows_at_once = plan
-    partials, arrived = _scratch_and_counters(like, n_rows, n_segments, n_partials)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
-        *tensors, *partials, arrived, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
-        SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=next_power_of_2(n_segments),
+        *tensors, _unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
+        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=_words_block(setup, n_segments),
         LOAD_NEXT=_next_load(setup, n_segments), **flags,
     )
 
@@ -803,10 +885,9 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     x, y = tensors
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
-    partials, arrived = _scratch_and_counters(y, n_rows, n_segments, 2)
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
-        x, y, *partials, arrived, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
-        SEGMENT=setup.segment, SEGMENTS_BLOCK=next_power_of_2(n_segments), STAGES=_STAGES,
+        x, y, _unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
+        SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=_STAGES,
         VEC=16 // y.element_size(), num_warps=setup.warps, maxnreg=setup.registers,
     )
 
@@ -831,7 +912,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
         staged_plan = _cooperative_plan(staged, n_rows, n_cols, like.device) if staged is not None else None
         if staged_plan is not None:
             return _run_staged(staged, staged_plan, tensors, n_cols)
-        return _run_cooperative(setup, plan, kernels.n_partials, tensors, n_cols, inner, **flags)
+        return _run_cooperative(setup, plan, tensors, n_cols, inner, **flags)
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])

@@ -559,6 +559,23 @@ def test_small_calls_of_the_common_ops_are_replayed_from_cpp():
     assert not not_replayed, f"always in Python: {not_replayed}"
 
 
+@pytest.mark.gpu
+def test_softmax_rows_held_across_programs_are_replayed_from_cpp():
+    """The cooperative softmax allocates its scratch and fills it with a kernel (not
+    torch.full, which would keep every call in Python): its calls replay, with the
+    Python path's bits, forward and backward."""
+    x = torch.randn(8, 65536, device="cuda", dtype=torch.bfloat16)
+    y = torch.softmax(x.float(), -1).to(x.dtype)
+    for op, args in ((torch.ops.tk.softmax, (x, -1)), (torch.ops.tk.softmax_backward, (torch.randn_like(x), y, -1))):
+        with _PythonPath():
+            expected = op(*args)
+        before = sum(s["replays"] for s in _native.stats().values())
+        for _ in range(4):
+            got = op(*args)
+        assert sum(s["replays"] for s in _native.stats().values()) > before, op
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 # Ops whose backward is a declared formula (register_formula): a call that needs
 # a gradient gets the lane's C++ node.  cross_entropy (two results) keeps a Python formula.
 _WITH_NODES = ["add", "copy", "geglu", "gelu", "gelu_erf", "layer_norm", "matmul", "rms_norm", "softmax", "square", "swiglu"]

@@ -4,6 +4,8 @@ Each test runs on the CPU (the Triton kernels through the interpreter, small
 sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -337,28 +339,39 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     assert launched == DESIGN_KERNELS["cooperative"][:1]
 
 
-def _cooperative_twice(kernel_name, tensors, n_partials, n_cols, load_next):
+def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
     """Launch a cooperative kernel on CPU twice over the same scratch: first no
-    program waits (each computes and publishes), then every program finds all
-    partials of its rows published and combines those.  Both outputs."""
+    program waits (each computes and publishes; the last of a row finds the
+    others' words), then every program finds all words of its rows published
+    and combines those.  Both outputs, and the words the first launch published."""
     n_rows = tensors[-1].numel() // n_cols
     setups = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[kernel_name]
     setup = setups[tensors[-1].element_size()]
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
-    partials = [torch.full((n_rows, n_segments), float("nan")) for _ in range(n_partials)]
-    arrived = torch.zeros(n_rows, dtype=torch.int32)
+    words = softmax_ops._unpublished_words(tensors[-1], n_rows, n_segments)
     flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
-    outputs = []
+    outputs, published = [], None
     for max_spins in (0, 1):
         tensors[-1].fill_(float("nan"))
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
-            *tensors, *partials, arrived, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops.next_power_of_2(n_segments),
+            *tensors, words, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
+            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops._words_block(setup, n_segments),
             LOAD_NEXT=load_next, **flags,
         )
         outputs.append(tensors[-1].clone())
-    assert (arrived == 2 * n_segments).all()  # each program counted itself in once per launch
-    return outputs
+        published = words.clone() if published is None else published
+    assert torch.equal(words, published)  # the second launch published the same words again
+    return outputs, published
+
+
+def _same_bits(a, b):
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # NaN included
+
+
+def _unpacked(words):
+    """A scratch of words as (upper, lower) float32 halves."""
+    halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)
+    return halves[..., 1], halves[..., 0]  # little-endian: the lower half first
 
 
 LOAD_PLACES = ("before_partial", "during_wait", "after_store")
@@ -368,17 +381,38 @@ LOAD_PLACES = ("before_partial", "during_wait", "after_store")
 def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
     """The path a GPU takes when all programs run at once (partials read from the
     scratch) and the one it takes when they do not (computed here): same bits,
-    wherever the next round's loads are issued."""
+    wherever the next round's loads are issued.  The words hold each segment's
+    (max, sum of exp(x - max)), and for the backward its sum(dy * y)."""
     x = (4 * torch.randn(5, 100)).to(dtype)
+    x[2, 40:70] = float("nan")  # a NaN partial: its word must still count as published
     grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
     forward, backward = [], []
     for load_next in LOAD_PLACES:
-        forward += _cooperative_twice("forward", (x, torch.empty_like(x)), 2, 100, load_next)
-        backward += _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 1, 100, load_next)
-    assert all(torch.equal(out, forward[0]) for out in forward[1:])
-    assert all(torch.equal(out, backward[0]) for out in backward[1:])
-    assert_close(forward[0], torch.softmax(x.double(), -1), dtype)
-    assert_close(backward[0], y.double() * (grad.double() - (grad.double() * y.double()).sum(-1, keepdim=True)), dtype)
+        outputs, forward_words = _cooperative_twice("forward", (x, torch.empty_like(x)), 100, load_next)
+        forward += outputs
+        outputs, backward_words = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 100, load_next)
+        backward += outputs
+    assert all(_same_bits(out, forward[0]) for out in forward[1:])
+    assert all(_same_bits(out, backward[0]) for out in backward[1:])
+    finite = [0, 1, 3, 4]  # rows without the NaN: those of row 2 are all NaN, as in PyTorch
+    assert forward[0][2].isnan().all() and backward[0][2].isnan().all()
+    assert_close(forward[0][finite], torch.softmax(x.double(), -1)[finite], dtype)
+    y64, grad64 = y.double()[finite], grad.double()[finite]
+    assert_close(backward[0][finite], y64 * (grad64 - (grad64 * y64).sum(-1, keepdim=True)), dtype)
+
+    # Every word published, and it holds its segment's partial (segments of _CPU_SEGMENT columns).
+    assert (forward_words != softmax_ops._UNPUBLISHED.value).all()
+    assert (backward_words != softmax_ops._UNPUBLISHED.value).all()
+    segment = softmax_ops._CPU_SEGMENT
+    padded = F.pad(x.double(), (0, 128 - 100), value=-float("inf")).view(5, -1, segment)
+    segment_max = padded.amax(-1)
+    word_max, word_sum = _unpacked(forward_words)
+    torch.testing.assert_close(word_max[finite].double(), segment_max[finite])
+    torch.testing.assert_close(word_sum[finite].double(), (padded - segment_max[..., None]).exp().sum(-1)[finite])
+    assert word_sum[2, 1:3].isnan().all()  # the segments with NaN: their sum, then their row, are NaN
+    _, word_dot = _unpacked(backward_words)
+    dots = F.pad(grad.double() * y.double(), (0, 128 - 100)).view(5, -1, segment).sum(-1)
+    torch.testing.assert_close(word_dot[finite].double(), dots[finite], rtol=1e-2, atol=1e-3)
 
 
 def test_softmax_cooperative_next_load_rule():
@@ -419,6 +453,8 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert 8 not in softmax_ops._COOPERATIVE_FORWARD  # float64 keeps the other designs
         assert resident_programs_per_sm(0, 8, 64, 32768) == 4  # registers bind: 65536 // (64 * 256)
         assert resident_programs_per_sm(0, 8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
+        # A row's words: one copy a thread at least (8 warps: 256 lanes), a power of two.
+        assert [softmax_ops._words_block(bf16, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
         if softmax_ops._STAGED_FORWARD:  # the Gluon forward: bf16 4 an SM, float32 3 (its 64 KiB of stages)
             staged_bf16, staged_fp32 = softmax_ops._STAGED_FORWARD[2], softmax_ops._STAGED_FORWARD[4]
             assert softmax_ops._cooperative_plan(staged_bf16, 1024, 65536, cuda) == (8, 64)  # 528 programs
@@ -516,7 +552,7 @@ def test_softmax_staged_forward_compiles_for_hopper():
     for element_size, dtype in ((2, "bf16"), (4, "fp32")):
         setup = softmax_ops._STAGED_FORWARD[element_size]
         signature = {name: "i32" for name in kernel.arg_names}
-        signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", max_ptr="*fp32", sum_ptr="*fp32", arrived_ptr="*i32")
+        signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", words_ptr="*i64")
         constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=8, STAGES=softmax_ops._STAGES, VEC=16 // element_size)
         signature.update({name: "constexpr" for name in constants})
         aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
@@ -527,6 +563,41 @@ def test_softmax_staged_forward_compiles_for_hopper():
         )
         assert "cp.async" in compiled.asm["ptx"]
         assert setup.shared <= compiled.metadata.shared <= setup.shared + 1024
+        _assert_publishes_without_release(compiled.asm["ptx"])
+
+
+def _assert_publishes_without_release(ptx):
+    """A partial goes out as one relaxed 64-bit exchange and comes in by volatile loads;
+    nothing in the kernel waits for its earlier stores (a release, a fence)."""
+    atomics = set(re.findall(r"atom\.[\w.]+", ptx))
+    assert atomics == {"atom.global.gpu.relaxed.exch.b64"}, atomics
+    assert "ld.volatile.global.b64" in ptx
+    assert not re.search(r"\bfence\.|\.release\b|\.acq_rel\b|membar", ptx)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_softmax_cooperative_kernels_publish_without_release(direction):
+    """The Triton kernels built for sm_90 with the installed Triton (no GPU needed):
+    the publish the cooperative design rests on (see ops/softmax.py)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    setup = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction][2]
+    kernel = setup.kernel.fn
+    pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update({name: "*bf16" for name in pointers}, words_ptr="*i64")
+    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8), LOAD_NEXT="during_wait")
+    if direction == "backward":
+        constants["NATIVE_16BIT"] = True
+    signature.update({name: "constexpr" for name in constants})
+    compiled = triton.compile(
+        ASTSource(kernel, signature, constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": setup.warps, "maxnreg": setup.registers},
+    )
+    _assert_publishes_without_release(compiled.asm["ptx"])
 
 
 @pytest.mark.gpu
