@@ -380,8 +380,9 @@ def softmax_backward_segments_kernel(
 # two float32 stores and then counted in on a counter per row, which needs a
 # release (whoever sees the count must see the partials), and a release waits
 # until the program's earlier stores have landed, the last round's y among
-# them: on an H100 that wait cost the 16-bit forward 3-8 points of copy
-# bandwidth.  One word needs nothing ordered before it: a relaxed atomic.
+# them.  One word needs nothing ordered before it: a relaxed atomic.  On an
+# H100 the change lifted the 16-bit forward by 5-19 points of copy bandwidth
+# (docs/perf-notes.md, version 18).
 # --------------------------------------------------------------------------
 
 _UNPUBLISHED = tl.constexpr(-1)  # all 64 bits set: no partial packs to it (see _pack)
