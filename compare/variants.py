@@ -52,13 +52,12 @@ class Variant:
         """The callable to time.  Compiled variants get a fresh ``torch.compile``
         wrapper on every call, so that each shape compiles for itself."""
         if self.kind == "peer":
+            if device.type not in self.peer_devices:  # before importing a library that could not run here
+                raise VariantSkipped(f"runs on {', '.join(self.peer_devices)} only, not on {device.type}")
             try:
-                peer = self.peer_loader()
+                return self.peer_loader()
             except ImportError as e:
                 raise VariantSkipped(f"not installed ({e})") from e
-            if device.type not in self.peer_devices:
-                raise VariantSkipped(f"runs on {', '.join(self.peer_devices)} only, not on {device.type}")
-            return peer
         if not self.compiled:
             return self.source
         options = None

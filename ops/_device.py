@@ -47,6 +47,7 @@ def resident_programs_per_sm(index: int | None, num_warps: int, registers: int, 
 
 @functools.cache
 def cuda_capability(index: int | None) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, asked once: launchers read it on every call."""
     return torch.cuda.get_device_capability(index)
 
 

@@ -693,10 +693,8 @@ _COOPERATIVE_BACKWARD = {
 # SM: 78-79; four stages, 3 an SM: 72-79; 16384 columns on 16 warps, 2 an
 # SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32, 3 an SM at 80
 # registers, 92 / 91 / 92 / 92 / 90 / 86.  With partials published as one
-# word each, the release gone, the two kernels come close: bf16 93 / 92 / 93
-# / 90 / 86 / 81 here against the Triton kernel's 94 / 92 / 91 / 90 / 84 /
-# 81, float32 116 / 92 / 95 / 95 / 91 / 86 against 120 / 95 / 96 / 94 / 88 /
-# 85.  The stages still pay for the longest rows.
+# word each the two kernels are within 2 points of each other; the stages
+# still win by 1-2 on the longest rows (docs/perf-notes.md, version 18).
 try:  # after the kernel pieces above, which the Gluon module reuses
     from . import _softmax_gluon
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses

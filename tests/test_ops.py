@@ -539,13 +539,20 @@ def test_softmax_staged_forward_rule(monkeypatch):
     assert setup() is None  # traced for Inductor, which takes Triton kernels only
 
 
+def _build_for_hopper(source, setup):
+    """`source` (an ASTSource or GluonASTSource) compiled for sm_90 with `setup`'s warps and register cap."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    options = {"num_warps": setup.warps, "maxnreg": setup.registers}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def test_softmax_staged_forward_compiles_for_hopper():
     """The Gluon kernel builds for sm_90 with the installed Triton (no GPU needed):
     its copies are cp.async, its stages fit the shared memory the rule counts."""
     if softmax_ops._softmax_gluon is None:
         pytest.skip("this Triton has no Gluon")
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = softmax_ops._softmax_gluon.softmax_forward_staged_kernel
@@ -553,14 +560,11 @@ def test_softmax_staged_forward_compiles_for_hopper():
         setup = softmax_ops._STAGED_FORWARD[element_size]
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", words_ptr="*i64")
-        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=8, STAGES=softmax_ops._STAGES, VEC=16 // element_size)
+        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8),
+                         STAGES=softmax_ops._STAGES, VEC=16 // element_size)  # fmt: skip
         signature.update({name: "constexpr" for name in constants})
         aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
-        compiled = triton.compile(
-            GluonASTSource(kernel, signature, constants, aligned),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": setup.warps, "maxnreg": setup.registers},
-        )
+        compiled = _build_for_hopper(GluonASTSource(kernel, signature, constants, aligned), setup)
         assert "cp.async" in compiled.asm["ptx"]
         assert setup.shared <= compiled.metadata.shared <= setup.shared + 1024
         _assert_publishes_without_release(compiled.asm["ptx"])
@@ -579,8 +583,6 @@ def _assert_publishes_without_release(ptx):
 def test_softmax_cooperative_kernels_publish_without_release(direction):
     """The Triton kernels built for sm_90 with the installed Triton (no GPU needed):
     the publish the cooperative design rests on (see ops/softmax.py)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     setup = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction][2]
@@ -592,12 +594,7 @@ def test_softmax_cooperative_kernels_publish_without_release(direction):
     if direction == "backward":
         constants["NATIVE_16BIT"] = True
     signature.update({name: "constexpr" for name in constants})
-    compiled = triton.compile(
-        ASTSource(kernel, signature, constants),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": setup.warps, "maxnreg": setup.registers},
-    )
-    _assert_publishes_without_release(compiled.asm["ptx"])
+    _assert_publishes_without_release(_build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"])
 
 
 @pytest.mark.gpu
