@@ -15,11 +15,13 @@ the number that decides these kernels (H100, % of copy bandwidth, rows of
 75-81 -> 78-83, float32 83-89 -> 86-92).  Once partials were published as
 one word each, without the release, the Triton kernel came within a few
 points (bf16 81-94 against this kernel's 81-93); the stages still win on
-the longest rows (128 and 64 rows of 524288 and 1048576 columns).
+the longest rows (128 and 64 rows of 524288 and 1048576 columns).  Float32
+rows now take the Triton kernel that publishes a round ahead
+(``softmax_forward_lagged_kernel``), which beat this one's float32 setup.
 
 Same algorithm, same partials, same fallback as the Triton kernel; only
-for CUDA launches made eagerly (``torch.compile`` traces Triton kernels
-only), rows whose every start is 16-byte aligned (``cp.async`` copies at
+for 16-bit CUDA launches made eagerly (``torch.compile`` traces Triton
+kernels only), rows whose every start is 16-byte aligned (``cp.async`` copies at
 least 4 bytes, and 16 to be fast), on Hopper or newer.  Importing this
 module fails on a Triton without the Gluon parts it uses.
 """

@@ -29,15 +29,17 @@ Four designs, picked by row length, row count, dtype and device:
   programs* instead: each program of a persistent grid keeps one segment of
   a row in registers, publishes its partial, waits until every segment of
   the row has published (each partial one word, its own flag), combines
-  the partials and writes its segment from the registers.  x is read once, as in the
-  one-block design, where the two designs above read it twice (an H100's
+  the partials and writes its segment from the registers.  Float32 rows and
+  every backward publish a round ahead: a program publishes the partial of
+  its next row before it waits for this row's, so the wait overlaps a
+  round of work.  x is read once, as in the one-block design, where the two designs above read it twice (an H100's
   L2 does not keep the first read: 60-70% of copy bandwidth).  The
   programs of a row must run at the same time, so the grid is sized to
   what fits on the GPU at once; a program that waits too long computes
   the missing partials itself, so the result never depends on scheduling
-  and the kernel cannot hang.  Eager forwards of aligned rows on Hopper take
-  the same design written in Gluon, with the next segment staged in shared
-  memory (ops/_softmax_gluon.py).
+  and the kernel cannot hang.  Eager 16-bit forwards of aligned rows on
+  Hopper take the same design written in Gluon, with the next segment
+  staged in shared memory (ops/_softmax_gluon.py).
 """
 
 from dataclasses import dataclass
@@ -392,7 +394,7 @@ _PADDING_WORD = tl.constexpr(-(1 << 55))  # 0xff800000_00000000: (-inf, 0.0), a 
 @triton.jit
 def _unpublish_kernel(words_ptr, n, BLOCK: tl.constexpr):
     """Every word of a scratch set to _UNPUBLISHED.  (A scratch has a word per
-    segment of 8192 elements: far fewer than 2**31, so int32 offsets do.)"""
+    segment of 2048 elements or more: far fewer than 2**31, so int32 offsets do.)"""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(words_ptr + offsets, tl.full((BLOCK,), _UNPUBLISHED, tl.int64), mask=offsets < n)
 
@@ -493,6 +495,21 @@ def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.
 
 
 @triton.jit
+def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max, numerator,
+                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+    """Wait for the row's words, combine them and write y's segment from its numerators."""
+    words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+    if published:
+        part_max, part_sum = _unpack(words)
+    else:
+        part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
+        # Compute this segment's numerator again rather than keep it in registers through the loop above.
+        seg_max, numerator = _block_max_exp(_load_row(x_ptr, start, cols, n_cols, inner, -float("inf")))
+    row_max, row_sum = _combine_partials(part_max, part_sum)
+    _store_row(y_ptr, start, cols, n_cols, inner, numerator * _rescale(seg_max, row_max, row_sum))
+
+
+@triton.jit
 def softmax_forward_cooperative_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr,
@@ -502,9 +519,8 @@ def softmax_forward_cooperative_kernel(
     The segment's exp(x - segment max), computed for its sum, is kept rather
     than x: after the wait y is that times one factor, exp(segment max - row
     max) / row sum, with no second exp over the segment.  LOAD_NEXT: when the
-    next round's segment is loaded (see _next_load): "before_partial" or
-    "during_wait" stream it in while this round works and waits, holding two
-    segments; "after_store" holds one."""
+    next round's segment is loaded (see _next_load), to stream in while this
+    round works and waits: "before_partial" or "during_wait"."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
     x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
@@ -517,18 +533,43 @@ def softmax_forward_cooperative_kernel(
         _publish(words_ptr, _partial_at(row, segment, n_segments), _pack(seg_max, tl.sum(numerator, axis=0)))
         if LOAD_NEXT == "during_wait":
             x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
-        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
-        if published:
-            part_max, part_sum = _unpack(words)
-        else:
-            part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
-            # Compute this segment's numerator again rather than keep it in registers through the loop above.
-            seg_max, numerator = _block_max_exp(_load_row(x_ptr, start, cols, n_cols, inner, -float("inf")))
-        row_max, row_sum = _combine_partials(part_max, part_sum)
-        _store_row(y_ptr, start, cols, n_cols, inner, numerator * _rescale(seg_max, row_max, row_sum))
-        if LOAD_NEXT == "after_store":
-            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
+        _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max,
+                            numerator, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
         x = x_next
+
+
+@triton.jit
+def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments):
+    """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max and exp(x - max)."""
+    seg_max, numerator = _block_max_exp(_load_x(x_ptr, row, n_rows, cols, n_cols, inner))
+    if row < n_rows:
+        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack(seg_max, tl.sum(numerator, axis=0)))
+    return seg_max, numerator
+
+
+@triton.jit
+def softmax_forward_lagged_kernel(
+    x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr,
+):
+    """Rows held on chip across programs, publishing a round ahead: the next
+    row's (max, sum) goes out before the wait for this row's words.
+
+    The wait for a row is the wait for its slowest program; here each
+    program has a whole round of its own work (the next segment's loads,
+    exp and sum) between publishing a row and needing that row's words, so
+    the words are usually there when it looks.  The price is two segments'
+    numerators in registers, which float32 affords on segments of 4096
+    columns (16-bit rows: see _COOPERATIVE_FORWARD)."""
+    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments)
+    for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        next_row = row + rows_at_once
+        next_max, next_numerator = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments)
+        _write_held_segment(x_ptr, y_ptr, words_ptr, _row_start(row, n_cols, inner), row, cols, n_cols, inner, n_segments,
+                            max_spins, seg_max, numerator, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
+        seg_max, numerator = next_max, next_numerator
 
 
 @triton.jit
@@ -559,25 +600,29 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
 
 
 @triton.jit
-def softmax_backward_cooperative_kernel(
-    dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, LOAD_NEXT: tl.constexpr,
-):
-    """Rows held on chip across programs: publish sum(dy * y) of the segment, wait, write dx.
+def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr):
+    """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y."""
+    dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
+    if row < n_rows:
+        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
+    return dy, y
 
-    LOAD_NEXT: when the next round's dy and y are loaded (see _next_load):
-    "before_partial" or "during_wait" hold two rounds in registers, which
-    16-bit segments can afford; "after_store" holds one."""
+
+@triton.jit
+def softmax_backward_lagged_kernel(
+    dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr,
+):
+    """Rows held on chip across programs, publishing a round ahead (see
+    softmax_forward_lagged_kernel): the next row's sum(dy * y) goes out
+    before the wait for this row's words, then dx is written."""
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
-    dy, y = _load_dy_y(dy_ptr, y_ptr, first_row, n_rows, cols, n_cols, inner)
+    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        if LOAD_NEXT == "before_partial":
-            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
-        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
-        if LOAD_NEXT == "during_wait":
-            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
+        dy_next, y_next = _publish_dot(dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments,
+                                       NATIVE_16BIT)  # fmt: skip
         words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             _, part_dot = _unpack(words)
@@ -587,8 +632,6 @@ def softmax_backward_cooperative_kernel(
             dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
         dot = tl.sum(part_dot, axis=0)
         _store_row(dx_ptr, _row_start(row, n_cols, inner), cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
-        if LOAD_NEXT == "after_store":
-            dy_next, y_next = _load_dy_y(dy_ptr, y_ptr, next_row, n_rows, cols, n_cols, inner)
         dy, y = dy_next, y_next
 
 
@@ -621,30 +664,25 @@ _MIN_SEGMENT_CHUNKS = 4  # the shortest segment, in chunks
 # softmax_forward_cooperative_kernel).  The register cap sets how many
 # programs share an SM, and with the segment each holds, the bytes each SM
 # has in flight while its programs wait for each other: the number that
-# decided the design.  Probe on an H100, % of copy at 1024x65536 / 256x262144
-# / 64x1048576 / 600x131072, against 60-70% for the two-read designs;
-# segments of 8192 columns on 8 warps, 32 values a thread:
-#   forward bf16: 3 programs an SM at 80 registers 73 / 77 / 72 / 75 (2 at
-#   128: 62 / 63 / 58 / 64); float32: 2 at 128 registers 84 / 86 / 82 / 85;
-#   backward bf16 2 at 128: 87 / 90 / 83 / 89, float32 95 / 92 / 83 / 95.
-# Loading the next round's segment before the wait is what lifted bf16: the
-# forward from 46-49%, the backward from 79 / 68 / 72 / 75 (its 80% at
-# 1024x65536 was then the one-block kernel's, which 16-bit backward rows of
-# up to 65536 columns took until the cooperative one overtook it).  The
-# float32 backward does without: twice the registers held cost it 1-7 points.
-# Holding a 16-bit forward segment in 16 bits, twice the columns in the same
-# registers, did not pay: its conversions to float32 spill (61-75%).  Keeping
-# exp(x - segment max) instead of x, so that the write after the wait is one
-# multiply, did: bf16 73 / 77 / 71 / 75 -> 78 / 83 / 74 / 80, fp16 the same,
-# float32 +0.3-1.6 points (the same process).  Publishing each partial as one
-# word (a relaxed atomic, no release; see the kernels' section) lifted every
-# setup, % of copy at 4096x40000 / 1024x65536 / 600x131072 / 256x262144 /
-# 128x524288 / 64x1048576, CUDA-graph time, the same process: forward bf16
-# 75 / 80 / 80 / 83 / 76 / 75 -> 94 / 92 / 91 / 90 / 84 / 81; float32
-# 108 / 89 / 90 / 89 / 83 / 83 -> 120 / 95 / 96 / 94 / 88 / 85 (a copy of
-# the 655 MB tensor ran slower than the softmax); backward bf16 90 / 92 / 92 /
-# 91 / 86 / 84 -> 99 / 99 / 99 / 97 / 92 / 87, float32 116 / 95 / 96 / 92 /
-# 86 / 84 -> 120 / 97 / 99 / 98 / 90 / 84.
+# decided the first design, against 60-70% of copy for the two-read designs.
+# Loading the next round's segment before the wait lifted the 16-bit
+# forward from 46-49% to 72-77%; keeping exp(x - segment max) instead of x
+# (one multiply after the wait) and publishing each partial as one word
+# (no release) brought it to 81-94%.  Publishing a round ahead (the lagged
+# kernels) is what closed the gap on the longest rows, where a row waits on
+# 64-128 programs: H100, % of a copy of the same bytes at 4096x40000 /
+# 1024x65536 / 600x131072 / 256x262144 / 128x524288 / 64x1048576, CUDA-graph
+# time, the same process (docs/perf-notes.md, version 19):
+#   forward float32, 8192 columns on 8 warps, 2 an SM -> lagged, 4096 on 4
+#   warps, 4 an SM: 120 / 96 / 96 / 94 / 87 / 85 -> 121 / 96 / 97 / 97 / 96 / 95;
+#   backward bf16, 8192 on 8 warps, 2 an SM -> lagged, 4096 on 4 warps, 4 an
+#   SM: 99 / 99 / 99 / 97 / 92 / 87 -> 99 / 98 / 99 / 98 / 98 / 97;
+#   backward float32, the same -> lagged, 2048 on 4 warps, 5 an SM at 96
+#   registers: 120 / 97 / 99 / 97 / 89 / 84 -> 122 / 100 / 101 / 100 / 98 / 94.
+# The 16-bit forward keeps the kernel that publishes and then waits: two
+# rounds of float32 numerators cost it the programs an SM that its half-size
+# segments need (lagged: 70-76%; recomputing the numerators from x instead
+# of holding them: 74-89%).
 # The interpreter runs one program after another, so no program there could
 # ever see another's partial: off on CPU, except in tests, which then take
 # the path that computes the partials itself, over _CPU_SEGMENT columns.
@@ -660,41 +698,41 @@ class _Cooperative:
     warps: int
     registers: int  # the cap, per thread
     programs_per_sm: int  # wanted; fewer where the SM holds fewer
-    load_ahead: bool  # the next round's segment is loaded before this one is written (two held at once)
+    lagged: bool  # publishes a round ahead (no LOAD_NEXT: the next round is loaded before the wait)
     shared: int = 0  # bytes of shared memory a program asks for (the Gluon kernel's stages)
 
 
-def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int, load_ahead: bool) -> _Cooperative:
+def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int) -> _Cooperative:
     # A one-config autotune only carries the register cap (maxnreg), which a
     # launch argument would not carry through torch.compile.
     config = triton.Config({}, num_warps=warps, maxnreg=registers)
     tuned = triton.autotune(configs=[config], key=[])(kernel)
-    return _Cooperative(tuned, segment, warps, registers, programs_per_sm, load_ahead)
+    lagged = kernel in (softmax_forward_lagged_kernel, softmax_backward_lagged_kernel)
+    return _Cooperative(tuned, segment, warps, registers, programs_per_sm, lagged)
 
 
 # Keyed by element size (float64 keeps the other designs).
 _COOPERATIVE_FORWARD = {
-    2: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 80, 3, load_ahead=True),
-    4: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=True),
+    2: _cooperative(softmax_forward_cooperative_kernel, 8192, 8, 80, 3),
+    4: _cooperative(softmax_forward_lagged_kernel, 4096, 4, 128, 4),
 }
 _COOPERATIVE_BACKWARD = {
-    2: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=True),
-    4: _cooperative(softmax_backward_cooperative_kernel, 8192, 8, 128, 2, load_ahead=False),
+    2: _cooperative(softmax_backward_lagged_kernel, 4096, 4, 128, 4),
+    4: _cooperative(softmax_backward_lagged_kernel, 2048, 4, 96, 5),
 }
 
-# The forward's next segment staged in shared memory (Gluon, see
-# _softmax_gluon), for eager CUDA launches on Hopper or newer: keyed by
-# element size.  Segments of 8192 columns on 8 warps, one round ahead (two
-# stages).  H100, % of copy at 4096x40000 / 1024x65536 / 600x131072 /
+# The 16-bit forward's next segment staged in shared memory (Gluon, see
+# _softmax_gluon), for eager CUDA launches on Hopper or newer.  Segments of
+# 8192 columns on 8 warps, one round ahead (two stages), 4 programs an SM at
+# 64 registers.  H100, % of copy at 4096x40000 / 1024x65536 / 600x131072 /
 # 256x262144 / 128x524288 / 64x1048576, against the Triton kernel's
-# 76 / 80 / 80 / 81 / 75 / 75 (bf16) and 87 / 88 / 89 / 88 / 83 / 83 (float32)
-# in the same process, both publishing through a counter with a release:
-# bf16, 4 programs an SM at 64 registers, 83 / 83 / 83 / 83 / 80 / 78 (3 an
-# SM: 78-79; four stages, 3 an SM: 72-79; 16384 columns on 16 warps, 2 an
-# SM: 76-82; 4096 on 4 warps, 6 an SM: 67-77); float32, 3 an SM at 80
-# registers, 92 / 91 / 92 / 92 / 90 / 86.  With partials published as one
-# word each the two kernels are within 2 points of each other; the stages
-# still win by 1-2 on the longest rows (docs/perf-notes.md, version 18).
+# 76 / 80 / 80 / 81 / 75 / 75 in the same process, both publishing through a
+# counter with a release: 83 / 83 / 83 / 83 / 80 / 78 (3 an SM: 78-79; four
+# stages, 3 an SM: 72-79; 16384 columns on 16 warps, 2 an SM: 76-82; 4096 on
+# 4 warps, 6 an SM: 67-77).  With partials published as one word each the
+# two kernels are within 2 points of each other; the stages still win by 1-2
+# on the longest rows (docs/perf-notes.md, version 18).  Float32 rows take
+# the lagged Triton kernel: 1-11 points ahead of this one's float32 setup.
 try:  # after the kernel pieces above, which the Gluon module reuses
     from . import _softmax_gluon
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses
@@ -706,29 +744,26 @@ _STAGES = 2
 def _staged(element_size: int, registers: int, programs_per_sm: int, segment: int = 8192) -> _Cooperative:
     kernel = _softmax_gluon.softmax_forward_staged_kernel
     shared = _STAGES * segment * element_size
-    return _Cooperative(kernel, segment, 8, registers, programs_per_sm, load_ahead=True, shared=shared)
+    return _Cooperative(kernel, segment, 8, registers, programs_per_sm, lagged=False, shared=shared)
 
 
-_STAGED_FORWARD = {2: _staged(2, 64, 4), 4: _staged(4, 80, 3)} if _softmax_gluon is not None else {}
+_STAGED_FORWARD = {2: _staged(2, 64, 4)} if _softmax_gluon is not None else {}
 
 
-# Where a program loading ahead issues the next round's loads.  A row of few
+# Where the 16-bit forward issues the next round's loads.  A row of few
 # segments waits briefly for its partials, so most of a round is the
 # partial's own work (the exp, the reductions): loads issued before it
 # overlap it.  A row of many segments waits on the slowest of many programs,
 # and loads issued after the publish fill that wait.  H100, % of copy, rows
 # of 5 / 8 / 16 / 32 / 64 / 128 segments, during the wait -> before the
-# partial: bf16 backward 84 / 86 / 89 / 89 / 84 / 82 -> 90 / 90 / 92 / 89 /
-# 85 / 80; float32 forward 83 / 85 / 87 / 87 / 84 / 83 -> 88 / 88 / 89 / 88
-# / 84 / 80; bf16 forward 74 / 78 / 79 / 81 / 75 / 74 -> 76 / 80 / 79 / 82 /
-# 74 / 71.
+# partial: bf16 forward 74 / 78 / 79 / 81 / 75 / 74 -> 76 / 80 / 79 / 82 /
+# 74 / 71 (the bf16 backward, then loading ahead too: 84 / 86 / 89 / 89 /
+# 84 / 82 -> 90 / 90 / 92 / 89 / 85 / 80).
 _LOAD_BEFORE_PARTIAL_SEGMENTS = 32
 
 
-def _next_load(setup: _Cooperative, n_segments: int) -> str:
-    """The cooperative kernels' LOAD_NEXT: when the next round's segment is loaded."""
-    if not setup.load_ahead:
-        return "after_store"
+def _next_load(n_segments: int) -> str:
+    """softmax_forward_cooperative_kernel's LOAD_NEXT: when the next round's segment is loaded."""
     return "before_partial" if n_segments <= _LOAD_BEFORE_PARTIAL_SEGMENTS else "during_wait"
 
 
@@ -861,16 +896,17 @@ def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags)
     like = tensors[-1]
     n_rows, kind = like.numel() // n_cols, _kind(like.device)
     n_segments, rows_at_once = plan
+    if not setup.lagged:
+        flags["LOAD_NEXT"] = _next_load(n_segments)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, _unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
-        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=_words_block(setup, n_segments),
-        LOAD_NEXT=_next_load(setup, n_segments), **flags,
+        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=_words_block(setup, n_segments), **flags,
     )
 
 
 def _staged_setup(kernels: _Kernels, tensors, n_cols: int, inner: int) -> _Cooperative | None:
     """The Gluon forward's setup where it applies: an eager launch (torch.compile traces Triton kernels
-    only) on Hopper or newer, rows along the last dim, every row start 16-byte aligned."""
+    only) of 16-bit rows on Hopper or newer, rows along the last dim, every row start 16-byte aligned."""
     like = tensors[-1]
     if kernels is not _FORWARD or like.device.type != "cuda" or not launching_directly():
         return None

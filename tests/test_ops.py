@@ -191,9 +191,15 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_partial_dot_kernel",
         "softmax_backward_segments_kernel",
     ],
-    "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_cooperative_kernel"],
-    "staged": ["softmax_forward_staged_kernel", "softmax_backward_cooperative_kernel"],  # the Gluon forward
+    "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
+    "lagged": ["softmax_forward_lagged_kernel", "softmax_backward_lagged_kernel"],  # float32 rows
+    "staged": ["softmax_forward_staged_kernel", "softmax_backward_lagged_kernel"],  # the Gluon forward
 }
+
+
+def held_design(dtype) -> str:
+    """The design of rows held on chip across programs, by dtype (float64 has none)."""
+    return "lagged" if dtype == torch.float32 else "cooperative"
 
 
 def staged_forward_here() -> bool:
@@ -319,7 +325,7 @@ def test_softmax_cooperative_rows_match_float64(small_blocks, cooperative_rows, 
     for shape, dim in cases:
         launched.clear()
         check_softmax_and_gradient(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(dtype), dim)
-        expected = DESIGN_KERNELS["cooperative"] if dtype != torch.float64 else DESIGN_KERNELS["split"]  # no float64 setup
+        expected = DESIGN_KERNELS[held_design(dtype) if dtype != torch.float64 else "split"]  # no float64 setup
         assert launched == expected, (shape, launched)
 
 
@@ -336,7 +342,7 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     y = torch.ops.tk.softmax(x, -1)
     torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
     assert y[0].isnan().all() and not y[1:].isnan().any()
-    assert launched == DESIGN_KERNELS["cooperative"][:1]
+    assert launched == DESIGN_KERNELS["lagged"][:1]
 
 
 def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
@@ -350,13 +356,14 @@ def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
     words = softmax_ops._unpublished_words(tensors[-1], n_rows, n_segments)
     flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
+    if not setup.lagged:
+        flags["LOAD_NEXT"] = load_next
     outputs, published = [], None
     for max_spins in (0, 1):
         tensors[-1].fill_(float("nan"))
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
             *tensors, words, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops._words_block(setup, n_segments),
-            LOAD_NEXT=load_next, **flags,
+            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops._words_block(setup, n_segments), **flags,
         )
         outputs.append(tensors[-1].clone())
         published = words.clone() if published is None else published
@@ -374,15 +381,16 @@ def _unpacked(words):
     return halves[..., 1], halves[..., 0]  # little-endian: the lower half first
 
 
-LOAD_PLACES = ("before_partial", "during_wait", "after_store")
+LOAD_PLACES = ("before_partial", "during_wait")  # the 16-bit forward's (the lagged kernels take none)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two setups of each direction
 def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
     """The path a GPU takes when all programs run at once (partials read from the
     scratch) and the one it takes when they do not (computed here): same bits,
-    wherever the next round's loads are issued.  The words hold each segment's
-    (max, sum of exp(x - max)), and for the backward its sum(dy * y)."""
+    wherever the next round's loads are issued, and whether a program publishes
+    a round ahead (float32 forwards, every backward).  The words hold each
+    segment's (max, sum of exp(x - max)), and for the backward its sum(dy * y)."""
     x = (4 * torch.randn(5, 100)).to(dtype)
     x[2, 40:70] = float("nan")  # a NaN partial: its word must still count as published
     grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
@@ -416,14 +424,11 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
 
 
 def test_softmax_cooperative_next_load_rule():
-    """Rows of up to 32 segments load the next round before the partial, longer
-    ones during the wait; a setup that does not load ahead loads after the store."""
-    bf16_backward, fp32_backward = softmax_ops._COOPERATIVE_BACKWARD[2], softmax_ops._COOPERATIVE_BACKWARD[4]
-    assert [softmax_ops._next_load(bf16_backward, n) for n in (1, 8, 32, 33, 128)] == (
-        ["before_partial"] * 3 + ["during_wait"] * 2
-    )
-    assert softmax_ops._next_load(fp32_backward, 8) == softmax_ops._next_load(fp32_backward, 128) == "after_store"
-    assert all(setup.load_ahead for setup in softmax_ops._COOPERATIVE_FORWARD.values())
+    """The 16-bit forward loads the next round before the partial in rows of up to
+    32 segments, during the wait in longer ones; the other setups publish a round ahead."""
+    assert [softmax_ops._next_load(n) for n in (1, 8, 32, 33, 128)] == ["before_partial"] * 3 + ["during_wait"] * 2
+    forward, backward = softmax_ops._COOPERATIVE_FORWARD, softmax_ops._COOPERATIVE_BACKWARD
+    assert not forward[2].lagged and forward[4].lagged and backward[2].lagged and backward[4].lagged
 
 
 def test_softmax_cooperative_rule(monkeypatch):
@@ -440,13 +445,14 @@ def test_softmax_cooperative_rule(monkeypatch):
         monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)
         cuda = torch.device("cuda", 0)
         bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
-        assert bf16.segment == fp32.segment == 8192  # the numbers below follow from it
+        backward_bf16, backward_fp32 = softmax_ops._COOPERATIVE_BACKWARD[2], softmax_ops._COOPERATIVE_BACKWARD[4]
+        assert (bf16.segment, fp32.segment, backward_fp32.segment) == (8192, 4096, 2048)  # the numbers below follow
         assert softmax_ops._cooperative_plan(bf16, 1024, 65536, cuda) == (8, 49)  # 396 programs: 21 rounds of 49 rows
-        assert softmax_ops._cooperative_plan(fp32, 1024, 65536, cuda) == (8, 32)  # 264 programs: 32 rounds of 32
-        backward_bf16 = softmax_ops._COOPERATIVE_BACKWARD[2]
-        assert softmax_ops._cooperative_plan(backward_bf16, 1024, 40000, cuda) == (5, 52)  # 264 // 5 rows, 20 rounds
+        assert softmax_ops._cooperative_plan(fp32, 1024, 65536, cuda) == (16, 32)  # 528 programs: 32 rounds of 32
+        assert softmax_ops._cooperative_plan(backward_bf16, 1024, 40000, cuda) == (10, 52)  # 528 // 10 rows, 20 rounds
+        assert softmax_ops._cooperative_plan(backward_fp32, 1024, 40000, cuda) == (20, 32)  # 660 programs (5 an SM)
         assert softmax_ops._cooperative_plan(bf16, 64, 1 << 20, cuda) == (128, 3)  # 3 rows at once: 22 rounds
-        assert softmax_ops._cooperative_plan(fp32, 5, 40000, cuda) == (5, 5)  # fewer rows than the grid holds
+        assert softmax_ops._cooperative_plan(fp32, 5, 40000, cuda) == (10, 5)  # fewer rows than the grid holds
         assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192, cuda) == (396, 1)  # the longest row held
         assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192 + 1, cuda) is None  # longer: split rows
         assert softmax_ops._cooperative_plan(bf16, 8, 1 << 20, torch.device("cpu")) is None  # off on CPU
@@ -455,10 +461,9 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert resident_programs_per_sm(0, 8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
         # A row's words: one copy a thread at least (8 warps: 256 lanes), a power of two.
         assert [softmax_ops._words_block(bf16, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
-        if softmax_ops._STAGED_FORWARD:  # the Gluon forward: bf16 4 an SM, float32 3 (its 64 KiB of stages)
-            staged_bf16, staged_fp32 = softmax_ops._STAGED_FORWARD[2], softmax_ops._STAGED_FORWARD[4]
-            assert softmax_ops._cooperative_plan(staged_bf16, 1024, 65536, cuda) == (8, 64)  # 528 programs
-            assert softmax_ops._cooperative_plan(staged_fp32, 1024, 65536, cuda) == (8, 49)  # 396 programs
+        if softmax_ops._STAGED_FORWARD:  # the Gluon forward, 16-bit only: 4 an SM
+            assert set(softmax_ops._STAGED_FORWARD) == {2}
+            assert softmax_ops._cooperative_plan(softmax_ops._STAGED_FORWARD[2], 1024, 65536, cuda) == (8, 64)  # 528
     finally:
         resident_programs_per_sm.cache_clear()
 
@@ -482,7 +487,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
         y, grad, dx = check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
-        design = "staged" if aligned and staged_forward_here() else "cooperative"
+        design = "staged" if aligned and dtype != torch.float32 and staged_forward_here() else held_design(dtype)
         assert launched == DESIGN_KERNELS[design], (shape, launched)
         with monkeypatch.context() as patch:  # no program waits: each computes its row's partials
             patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
@@ -497,7 +502,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     launched.clear()
     check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
     # Traced for Inductor: the forward on every compile; the backward's trace may come from Inductor's cache.
-    assert launched[:1] == DESIGN_KERNELS["cooperative"][:1], launched
+    assert launched[:1] == DESIGN_KERNELS[held_design(dtype)][:1], launched
 
 
 class _FakeCudaTensor:
@@ -515,8 +520,8 @@ class _FakeCudaTensor:
 
 
 def test_softmax_staged_forward_rule(monkeypatch):
-    """The Gluon forward applies to eager launches of rows along the last dim,
-    16-byte aligned, 16- and 32-bit, on Hopper or newer; else the Triton kernel."""
+    """The Gluon forward applies to eager launches of 16-bit rows along the last
+    dim, 16-byte aligned, on Hopper or newer; else a Triton kernel."""
     if not softmax_ops._STAGED_FORWARD:
         pytest.skip("this Triton has no Gluon")
     monkeypatch.setattr(softmax_ops, "launching_directly", lambda: True)
@@ -526,7 +531,8 @@ def test_softmax_staged_forward_rule(monkeypatch):
     def setup(kernels=forward, n_cols=65536, inner=1, size=2, offset=0):
         return softmax_ops._staged_setup(kernels, (_FakeCudaTensor(size, offset), _FakeCudaTensor(size)), n_cols, inner)
 
-    assert setup() is softmax_ops._STAGED_FORWARD[2] and setup(size=4) is softmax_ops._STAGED_FORWARD[4]
+    assert setup() is softmax_ops._STAGED_FORWARD[2]
+    assert setup(size=4) is None  # float32: the lagged Triton kernel
     assert setup(size=8) is None  # float64
     assert setup(kernels=backward) is None
     assert setup(inner=3) is None  # softmax along a dim other than the last
@@ -556,7 +562,7 @@ def test_softmax_staged_forward_compiles_for_hopper():
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = softmax_ops._softmax_gluon.softmax_forward_staged_kernel
-    for element_size, dtype in ((2, "bf16"), (4, "fp32")):
+    for element_size, dtype in ((2, "bf16"),):
         setup = softmax_ops._STAGED_FORWARD[element_size]
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", words_ptr="*i64")
@@ -580,17 +586,21 @@ def _assert_publishes_without_release(ptx):
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_softmax_cooperative_kernels_publish_without_release(direction):
+@pytest.mark.parametrize("element_size", [2, 4])
+def test_softmax_cooperative_kernels_publish_without_release(direction, element_size):
     """The Triton kernels built for sm_90 with the installed Triton (no GPU needed):
     the publish the cooperative design rests on (see ops/softmax.py)."""
     from triton.compiler import ASTSource
 
-    setup = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction][2]
+    setups = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction]
+    setup = setups[element_size]
     kernel = setup.kernel.fn
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
-    signature.update({name: "*bf16" for name in pointers}, words_ptr="*i64")
-    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8), LOAD_NEXT="during_wait")
+    signature.update({name: "*bf16" if element_size == 2 else "*fp32" for name in pointers}, words_ptr="*i64")
+    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8))
+    if not setup.lagged:
+        constants["LOAD_NEXT"] = "during_wait"
     if direction == "backward":
         constants["NATIVE_16BIT"] = True
     signature.update({name: "constexpr" for name in constants})
@@ -599,12 +609,12 @@ def test_softmax_cooperative_kernels_publish_without_release(direction):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_softmax_staged_forward_edges_on_the_gpu(launched, dtype):
-    """The Gluon forward: -inf segments beside values near the dtype's range, a
-    whole -inf row (NaN, as in torch.softmax), a row start off 16 bytes (the
-    Triton kernel instead), and the same answers as the Triton kernel."""
-    if not staged_forward_here():
-        pytest.skip("the Gluon forward needs a Hopper GPU and a Triton with Gluon")
+def test_softmax_long_row_edges_on_the_gpu(launched, dtype):
+    """Forwards of rows held across programs (the Gluon kernel for aligned 16-bit
+    rows on Hopper, the lagged one for float32): -inf segments beside values near
+    the dtype's range, a whole -inf row (NaN, as in torch.softmax), a row start
+    off 16 bytes (a Triton kernel for 16-bit rows), and the same answers."""
+    staged = dtype != torch.float32 and staged_forward_here()
     n_cols = 5 * 8192 + 48  # a last segment of 48 columns
     x = (4 * torch.randn(40, n_cols, device="cuda")).to(dtype)
     x[3, : 2 * 8192] = -float("inf")  # two whole segments of -inf
@@ -613,7 +623,7 @@ def test_softmax_staged_forward_edges_on_the_gpu(launched, dtype):
     x[7, 100] = torch.finfo(dtype).max
     launched.clear()
     y = torch.ops.tk.softmax(x, -1)
-    assert launched == DESIGN_KERNELS["staged"][:1]
+    assert launched == DESIGN_KERNELS["staged" if staged else held_design(dtype)][:1]
     expected = torch.softmax(x.double(), -1)
     assert torch.isnan(y[5]).all() and not torch.isnan(torch.cat([y[:5], y[6:]])).any()
     keep = torch.arange(40, device="cuda") != 5
@@ -622,7 +632,7 @@ def test_softmax_staged_forward_edges_on_the_gpu(launched, dtype):
     off.copy_(x)
     launched.clear()
     y_off = torch.ops.tk.softmax(off, -1)
-    assert launched == DESIGN_KERNELS["cooperative"][:1]
+    assert launched == DESIGN_KERNELS[held_design(dtype)][:1]
     assert torch.isnan(y_off[5]).all()
     assert_close(y_off[keep], expected[keep], dtype)
 
