@@ -32,8 +32,9 @@ Four designs, picked by row length, row count, dtype and device:
   the partials and writes its segment from the registers.  Float32 rows and
   every backward publish a round ahead: a program publishes the partial of
   its next row before it waits for this row's, so the wait overlaps a
-  round of work.  x is read once, as in the one-block design, where the two designs above read it twice (an H100's
-  L2 does not keep the first read: 60-70% of copy bandwidth).  The
+  round of work.  x is read once, as in the one-block design, where the two
+  designs above read it twice (an H100's L2 does not keep the first read:
+  60-70% of copy bandwidth).  The
   programs of a row must run at the same time, so the grid is sized to
   what fits on the GPU at once; a program that waits too long computes
   the missing partials itself, so the result never depends on scheduling
@@ -732,7 +733,7 @@ _COOPERATIVE_BACKWARD = {
 # 4 warps, 6 an SM: 67-77).  With partials published as one word each the
 # two kernels are within 2 points of each other; the stages still win by 1-2
 # on the longest rows (docs/perf-notes.md, version 18).  Float32 rows take
-# the lagged Triton kernel: 1-11 points ahead of this one's float32 setup.
+# the lagged Triton kernel: 2-9 points ahead of this one's float32 setup.
 try:  # after the kernel pieces above, which the Gluon module reuses
     from . import _softmax_gluon
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses

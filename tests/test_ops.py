@@ -345,14 +345,18 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     assert launched == DESIGN_KERNELS["lagged"][:1]
 
 
+def _held_setup(direction, element_size):
+    """The _Cooperative setup of rows held across programs for a direction and element size."""
+    return {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction][element_size]
+
+
 def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
     """Launch a cooperative kernel on CPU twice over the same scratch: first no
     program waits (each computes and publishes; the last of a row finds the
     others' words), then every program finds all words of its rows published
     and combines those.  Both outputs, and the words the first launch published."""
     n_rows = tensors[-1].numel() // n_cols
-    setups = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[kernel_name]
-    setup = setups[tensors[-1].element_size()]
+    setup = _held_setup(kernel_name, tensors[-1].element_size())
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
     words = softmax_ops._unpublished_words(tensors[-1], n_rows, n_segments)
     flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
@@ -384,6 +388,11 @@ def _unpacked(words):
 LOAD_PLACES = ("before_partial", "during_wait")  # the 16-bit forward's (the lagged kernels take none)
 
 
+def _load_places(direction, dtype):
+    """The load places to try for a direction's setup: one run (no place) for a lagged kernel."""
+    return (None,) if _held_setup(direction, torch.empty((), dtype=dtype).element_size()).lagged else LOAD_PLACES
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two setups of each direction
 def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
     """The path a GPU takes when all programs run at once (partials read from the
@@ -395,9 +404,10 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
     x[2, 40:70] = float("nan")  # a NaN partial: its word must still count as published
     grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
     forward, backward = [], []
-    for load_next in LOAD_PLACES:
+    for load_next in _load_places("forward", dtype):
         outputs, forward_words = _cooperative_twice("forward", (x, torch.empty_like(x)), 100, load_next)
         forward += outputs
+    for load_next in _load_places("backward", dtype):
         outputs, backward_words = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 100, load_next)
         backward += outputs
     assert all(_same_bits(out, forward[0]) for out in forward[1:])
@@ -592,8 +602,7 @@ def test_softmax_cooperative_kernels_publish_without_release(direction, element_
     the publish the cooperative design rests on (see ops/softmax.py)."""
     from triton.compiler import ASTSource
 
-    setups = {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction]
-    setup = setups[element_size]
+    setup = _held_setup(direction, element_size)
     kernel = setup.kernel.fn
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
