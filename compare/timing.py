@@ -153,10 +153,31 @@ def _capture(fn: Callable, calls: list[tuple]) -> torch.cuda.CUDAGraph:
         fn(*calls[-1])
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in calls:
-            fn(*args)
+    try:
+        with torch.cuda.graph(graph):
+            for args in calls:
+                fn(*args)
+    except Exception:
+        _clear_failed_capture()
+        raise
     return graph
+
+
+def _clear_failed_capture() -> None:
+    """Undo what a failed capture leaves behind in the process.
+
+    A capture marks the device's CUDA random generator as capturing and
+    unmarks it when the capture ends well.  When the capture fails (a host
+    sync, an allocation it cannot make) the mark stays, and every later
+    random op on that device, torch.randn for the next shape's inputs among
+    them, raises "Offset increment outside graph capture encountered
+    unexpectedly": one variant that cannot be captured failed every case
+    after it.  A small capture that ends well clears the mark."""
+    torch.cuda.synchronize()
+    scratch = torch.empty(1, device="cuda")
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        scratch.zero_()
+    torch.cuda.synchronize()
 
 
 def bench_cpu(fn: Callable, args: tuple, budget_ms: float, min_reps: int = 3, max_reps: int = 200) -> list[float]:

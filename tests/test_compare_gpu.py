@@ -67,3 +67,18 @@ def test_cudagraph_time_reads_inputs_from_dram():
     warm = timing.bench_cudagraph(matmul, (a, b), rep_ms=20, max_copies=1)
     cold = timing.bench_cudagraph(matmul, (a, b), rep_ms=20)
     assert cold > 1.3 * warm, (cold, warm)
+
+
+def test_a_failed_capture_leaves_random_inputs_working():
+    """A call that cannot be captured (a host sync inside) has no CUDA-graph
+    time, and the process goes on: the next shape's inputs, drawn from the
+    CUDA random generator, are made as before (a failed capture left the
+    generator marked as capturing, and torch.randn raised)."""
+    x = torch.randn(1024, device="cuda")
+    syncs = lambda t: t * t.sum().item()  # noqa: E731 - .item() is not allowed while capturing
+    assert timing.bench_cudagraph(syncs, (x,), rep_ms=5) is None
+    torch.manual_seed(0)
+    first = torch.randn(1000, device="cuda")
+    torch.manual_seed(0)
+    assert torch.equal(torch.randn(1000, device="cuda"), first)
+    assert timing.bench_cudagraph(lambda t: t * 2, (x,), rep_ms=5) > 0
