@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import environment, layout, limits as limits_mod, report, runner, schema, timing
+from . import environment, layout, limits as limits_mod, report, runner, schema, summary, timing
 from .progress import Progress
 from .variants import all_variants, select
 
@@ -300,11 +300,13 @@ def _main(argv=None) -> int:
     env = environment.describe(device)
     all_dtypes = list(dict.fromkeys(d for plan in plans for d in plan.dtypes))
     unwritten = []  # ops whose report or link could not be written
+    docs = []
     try:
         lim = limits_mod.measure(device, all_dtypes, rep_ms, progress)
         for plan in plans:
             try:
                 doc = run_op(plan, run_dir, settings, env, lim, args, progress)
+                docs.append(doc)
             except ReportNotWritten as e:  # the results are only on the terminal now; the next op may still fit
                 if not args.quiet:
                     progress.message("\n" + report.terminal_tables(e.doc) + "\n")
@@ -322,10 +324,23 @@ def _main(argv=None) -> int:
         progress.close()
         progress.message(f"interrupted: partial report in {run_dir}; {root}/latest and the op links are unchanged")
         return 130
+    if len(docs) > 1:
+        _write_summary(docs, run_dir, progress)
     if unwritten:  # latest names complete runs only
         progress.message(f"error: not written: {', '.join(unwritten)}; {root}/latest is unchanged")
         return 1
     return 0 if _repoint(root / "latest", run_dir, progress) else 1
+
+
+def _write_summary(docs: list[dict], run_dir: Path, progress: Progress) -> None:
+    """The one page over every op of the run (see summary.py)."""
+    path = run_dir / "summary.md"
+    try:
+        path.write_text(summary.markdown(docs))
+    except OSError as e:  # the op reports stand without it
+        progress.message(f"error: cannot write {path}: {e}")
+        return
+    progress.message(f"every op at a glance: {path}")
 
 
 def _repoint(link: Path, target: Path, progress: Progress) -> bool:

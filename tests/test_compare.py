@@ -101,6 +101,17 @@ def test_every_op_end_to_end(all_ops_run, op):
         assert any(s["variant"] == name for s in doc["skipped"])
 
 
+def test_a_run_of_several_ops_has_a_summary(all_ops_run):
+    """The one page over every op (compare/summary.py): each op and dtype in its
+    table; on the CPU tk is interpreted, so it has no time to compare."""
+    page = (all_ops_run / "latest" / "summary.md").read_text()
+    assert f"{len(ops.SPECS)} ops from {len(ops.SPECS)} reports" in page
+    for op in ops.SPECS:
+        assert f"| {op} " in page
+    assert page.count("no time for tk or no other variant") == len(ops.SPECS)
+    assert "## Variants that failed or were wrong\n\nNone." in page
+
+
 def test_latest_points_at_the_complete_run(all_ops_run):
     latest = all_ops_run / "latest"
     assert latest.is_symlink()

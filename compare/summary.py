@@ -1,0 +1,208 @@
+"""One page over many ops' reports: what a sweep of every op (``make bench``) is read by.
+
+Each op's report (``<run>/<op>/report.md``) has every dtype, shape and variant.
+Over sixteen ops a reader first wants three things, which this page gives:
+for each op and dtype, tk at the largest shape (share of the limit, speed-up
+over eager, compile and the fastest other variant); every large case where tk
+is not the fastest; and every variant that failed or gave a wrong answer.
+
+The harness writes ``summary.md`` into the run folder when it runs more than
+one op.  A sweep split over several runs (one per dtype, or an op run again)
+is put together from their folders, later runs replacing an (op, dtype) that
+an earlier one had:
+
+    python -m compare.summary logs/runs/RUN1 logs/runs/RUN2 --out summary.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at the hardware's limit
+TIE = 1.02  # tk within 2% of the fastest other variant counts as level with it
+
+
+def find_docs(folders: list[Path]) -> list[dict]:
+    """The results.json documents in `folders` (op folders, or run folders holding them), in the order given."""
+    docs = []
+    for folder in folders:
+        folder = Path(folder)
+        paths = [folder / "results.json"] if (folder / "results.json").is_file() else sorted(folder.glob("*/results.json"))
+        if not paths:
+            raise FileNotFoundError(f"no results.json in {folder} or in its sub-folders")
+        docs.extend(json.loads(p.read_text()) for p in paths)
+    return docs
+
+
+def merge(docs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Records by (op, dtype); a later document's records of an (op, dtype) replace an earlier one's."""
+    merged: dict[tuple[str, str], list[dict]] = {}
+    for doc in docs:
+        fresh: dict[tuple[str, str], list[dict]] = {}
+        for r in doc["records"]:
+            fresh.setdefault((r["op"], r["dtype"]), []).append(r)
+        merged.update(fresh)
+    return merged
+
+
+def _timed(r: dict) -> bool:
+    return r["status"] == "ok" and r["median_ms"] is not None and not r["interpreted"]
+
+
+def compare_case(records: list[dict]) -> dict | None:
+    """tk against the others at one shape: None when tk or every other variant has no time."""
+    tk = next((r for r in records if r["kind"] == "tk" and _timed(r)), None)
+    others = [r for r in records if r["kind"] != "tk" and _timed(r)]
+    if tk is None or not others:
+        return None
+    best = min(others, key=lambda r: r["median_ms"])
+    graph_ratio = None
+    if tk["cudagraph_ms"] and best["cudagraph_ms"]:
+        graph_ratio = best["cudagraph_ms"] / tk["cudagraph_ms"]
+    return {
+        "tk": tk,
+        "best": best,
+        "vs_best": best["median_ms"] / tk["median_ms"],
+        "graph_vs_best": graph_ratio,
+    }
+
+
+def _shapes(records: list[dict]) -> dict[str, list[dict]]:
+    by_shape: dict[str, list[dict]] = {}
+    for r in records:
+        by_shape.setdefault(r["shape_label"], []).append(r)
+    return by_shape
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else ""
+
+
+def _pct(value: float | None) -> str:
+    return f"{100 * value:.0f}%" if value is not None else ""
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f}" if n >= 1e6 else f"{n / 1e6:.2f}"
+
+
+def largest_shapes_table(merged: dict) -> list[list[str]]:
+    rows = []
+    for (op, dtype), records in sorted(merged.items()):
+        by_shape = _shapes(records)
+        label = max(by_shape, key=lambda s: by_shape[s][0]["bytes"])
+        case = compare_case(by_shape[label])
+        if case is None:
+            rows.append([op, dtype, label, _mb(by_shape[label][0]["bytes"]), "no time for tk or no other variant", "", "", ""])
+            continue
+        tk, best = case["tk"], case["best"]
+        rows.append([
+            op, dtype, label, _mb(tk["bytes"]), _pct(tk["limit_share"]), _x(tk["speedup_vs_eager"]),
+            _x(tk["speedup_vs_compile"]), f"{case['vs_best']:.2f}x ({best['variant']})",
+        ])  # fmt: skip
+    return rows
+
+
+def large_cases(merged: dict) -> tuple[int, list[list[str]]]:
+    """How many large (op, dtype, shape) cases there are, and the rows of those where tk is not level with the fastest."""
+    count, behind = 0, []
+    for (op, dtype), records in sorted(merged.items()):
+        for label, shape_records in _shapes(records).items():
+            case = compare_case(shape_records)
+            if case is None or case["tk"]["bytes"] < LARGE_BYTES:
+                continue
+            count += 1
+            if case["vs_best"] * TIE < 1:
+                tk, best = case["tk"], case["best"]
+                behind.append([
+                    op, dtype, label, _mb(tk["bytes"]), _pct(tk["limit_share"]), f"{case['vs_best']:.2f}x ({best['variant']})",
+                    _x(case["graph_vs_best"]),
+                ])  # fmt: skip
+    return count, behind
+
+
+def problems(merged: dict) -> list[list[str]]:
+    """Variants that failed or were wrong: a row per (op, variant, status, reason), with the cases it covers."""
+    where: dict[tuple, list[str]] = {}
+    for (op, dtype), records in sorted(merged.items()):
+        for r in records:
+            if r["status"] not in ("failed", "wrong"):
+                continue
+            reason = r["error"] or f"relative error {r['rel_error']} over the tolerance {r['tolerance']}"
+            key = (op, r["variant"], r["status"], reason.splitlines()[0][:120])
+            where.setdefault(key, []).append(f"{dtype} {r['shape_label']}")
+    rows = []
+    for (op, variant, status, reason), cases in where.items():
+        shown = ", ".join(cases[:3]) + (" ..." if len(cases) > 3 else "")
+        rows.append([op, variant, status, str(len(cases)), shown, reason])
+    return rows
+
+
+def _header(docs: list[dict]) -> list[str]:
+    env = docs[0]["environment"]
+    device = env.get("gpu") or env.get("cpu") or env.get("device_type")
+    copy = docs[0]["limits"].get("copy") or {}
+    started = min(d["started_utc"] for d in docs)
+    finished = max(d["finished_utc"] or d["started_utc"] for d in docs)
+    lines = [
+        f"- device: {device}; torch {env.get('torch')}, Triton {env.get('triton')}",
+        f"- {len({d['op'] for d in docs})} ops from {len(docs)} reports, {started} to {finished}",
+    ]
+    if copy.get("gbps"):
+        lines.append(f"- copy bandwidth (the memory-bound limit): {copy['gbps']:,.0f} GB/s")
+    incomplete = sorted({d["op"] for d in docs if not d["complete"]})
+    if incomplete:
+        lines.append(f"- interrupted, partial: {', '.join(incomplete)}")
+    return lines
+
+
+def markdown(docs: list[dict]) -> str:
+    merged = merge(docs)
+    out = ["# Every op: tk against eager, torch.compile and the peers", "", *_header(docs), ""]
+    out += [
+        "## The largest shape of each op and dtype", "",
+        "Share of the limit: of the copy bandwidth, or of cuBLAS for a compute-bound op. "
+        "Speed-ups are ratios of medians in the same run; the last column is against the fastest other variant.", "",
+        tabulate(largest_shapes_table(merged), ["op", "dtype", "largest shape", "MB moved", "tk % of limit", "tk vs eager",
+                                                "tk vs compile", "tk vs the fastest other"], tablefmt="github"),
+        "",
+    ]  # fmt: skip
+    count, behind = large_cases(merged)
+    out += [
+        f"## Large cases (64 MB moved or more) where tk is not within {100 * (TIE - 1):.0f}% of the fastest", "",
+        f"{count - len(behind)} of {count} large cases have tk within {100 * (TIE - 1):.0f}% of the fastest other variant's median.",
+        "",
+    ]
+    if behind:
+        out += [tabulate(behind, ["op", "dtype", "shape", "MB moved", "tk % of limit", "tk vs the fastest other",
+                                  "the same, CUDA-graph times"], tablefmt="github"), ""]  # fmt: skip
+    rows = problems(merged)
+    out += ["## Variants that failed or were wrong", ""]
+    out += [tabulate(rows, ["op", "variant", "status", "cases", "where", "reason"], tablefmt="github") if rows else "None.", ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m compare.summary", description=__doc__.splitlines()[0])
+    p.add_argument("folders", nargs="+", type=Path, help="run folders (or op folders); later ones replace an (op, dtype)")
+    p.add_argument("--out", type=Path, help="write the page here (default: print it)")
+    args = p.parse_args(argv)
+    try:
+        docs = find_docs(args.folders)
+    except (FileNotFoundError, json.JSONDecodeError) as e:
+        p.error(str(e))
+    page = markdown(docs)
+    if args.out:
+        args.out.write_text(page)
+    else:
+        print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

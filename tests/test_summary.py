@@ -1,0 +1,90 @@
+"""The one page over many ops' reports (compare/summary.py), from records made here."""
+
+import json
+
+import pytest
+
+from compare import summary
+
+MB = 1_000_000
+
+
+def rec(variant, median_ms, *, op="gelu", dtype="bfloat16", shape="n=2^26", nbytes=512 * MB, kind=None, status="ok",
+        graph_ms=None, error=None):  # fmt: skip
+    """One record as the harness writes it (the fields the summary reads)."""
+    kind = kind or ("tk" if variant == "tk" else variant.split("-")[0])
+    gbps = nbytes / (median_ms * 1e-3) / 1e9 if median_ms else None
+    return {
+        "op": op, "dtype": dtype, "shape_label": shape, "variant": variant, "kind": kind, "status": status,
+        "error": error, "interpreted": False, "bytes": nbytes, "median_ms": median_ms, "cudagraph_ms": graph_ms,
+        "limit_share": gbps / 3000 if gbps else None, "rel_error": 1e-3, "tolerance": 1e-2,
+        "speedup_vs_eager": None, "speedup_vs_compile": None,
+    }  # fmt: skip
+
+
+def doc(records, op="gelu", started="2026-01-01T00:00:00Z"):
+    return {
+        "op": op, "complete": True, "started_utc": started, "finished_utc": started, "records": records,
+        "environment": {"gpu": "A GPU", "torch": "2.x", "triton": "3.x"}, "limits": {"copy": {"gbps": 3000.0}},
+    }  # fmt: skip
+
+
+def test_tk_against_the_fastest_other_variant():
+    case = summary.compare_case([rec("eager", 0.30), rec("compile", 0.25), rec("tk", 0.20), rec("peer", None, status="failed")])
+    assert case["best"]["variant"] == "compile"
+    assert case["vs_best"] == pytest.approx(0.25 / 0.20)
+    assert summary.compare_case([rec("tk", 0.2), rec("eager", None, status="failed")]) is None  # nothing to compare with
+
+
+def test_large_cases_behind_the_fastest_are_listed_and_counted():
+    records = [
+        rec("eager", 1.00, shape="a"), rec("tk", 1.01, shape="a"),  # 1% behind: level
+        rec("eager", 1.00, shape="b"), rec("tk", 1.05, shape="b", graph_ms=0.9),  # 5% behind: listed
+        rec("eager", 1.00, shape="c", nbytes=MB), rec("tk", 2.00, shape="c", nbytes=MB),  # small: not a large case
+    ]  # fmt: skip
+    count, behind = summary.large_cases(summary.merge([doc(records)]))
+    assert count == 2
+    assert [row[2] for row in behind] == ["b"]
+    assert behind[0][5] == "0.95x (eager)"
+
+
+def test_the_largest_shape_row():
+    records = [rec("eager", 0.10, shape="small", nbytes=64 * MB), rec("tk", 0.05, shape="small", nbytes=64 * MB),
+               rec("eager", 1.00, shape="big"), rec("compile", 0.80, shape="big"), rec("tk", 0.40, shape="big")]  # fmt: skip
+    (row,) = summary.largest_shapes_table(summary.merge([doc(records)]))
+    assert row[:4] == ["gelu", "bfloat16", "big", "512"]
+    assert row[4] == f"{100 * 512 * MB / 0.4e-3 / 1e9 / 3000:.0f}%"
+    assert row[-1] == "2.00x (compile)"
+
+
+def test_a_later_report_replaces_an_op_and_dtype():
+    first = doc([rec("eager", 1.0), rec("tk", 2.0), rec("eager", 1.0, dtype="float32"), rec("tk", 1.0, dtype="float32")])
+    again = doc([rec("eager", 1.0), rec("tk", 0.5)], started="2026-01-02T00:00:00Z")  # bfloat16 run again
+    merged = summary.merge([first, again])
+    assert [r["median_ms"] for r in merged[("gelu", "bfloat16")]] == [1.0, 0.5]
+    assert len(merged[("gelu", "float32")]) == 2
+
+
+def test_failures_and_wrong_answers_are_grouped_with_their_cases():
+    records = [rec("peer", None, status="failed", shape=s, error="first call: RuntimeError: too long\nmore") for s in "abcd"]
+    records += [rec("tk", 1.0, status="wrong", shape="a")]
+    rows = summary.problems(summary.merge([doc(records)]))
+    assert rows[0] == ["gelu", "peer", "failed", "4", "bfloat16 a, bfloat16 b, bfloat16 c ...", "first call: RuntimeError: too long"]
+    assert rows[1][:4] == ["gelu", "tk", "wrong", "1"] and "tolerance" in rows[1][5]
+
+
+def test_the_page_from_run_folders(tmp_path):
+    run = tmp_path / "run"
+    for op, tk_ms in (("gelu", 0.9), ("square", 1.2)):
+        (run / op).mkdir(parents=True)
+        records = [rec("eager", 1.0, op=op), rec("tk", tk_ms, op=op)]
+        (run / op / "results.json").write_text(json.dumps(doc(records, op=op)))
+    out = tmp_path / "summary.md"
+    assert summary.main([str(run), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "2 ops from 2 reports" in page and "A GPU" in page
+    assert "| gelu " in page and "1.11x (eager)" in page
+    assert "1 of 2 large cases have tk within 2%" in page and "0.83x (eager)" in page
+    assert "## Variants that failed or were wrong\n\nNone." in page
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path / "empty")])
