@@ -29,6 +29,36 @@ SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
 TANH_CUBIC = tl.constexpr(0.044715)
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(a) = exp2(a * log2(e))
+TWO_TO_MINUS_64 = tl.constexpr(2.0**-64)
+
+# P in erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2): the polynomial of
+# _normal_cdf_16bit, lowest degree first.  A least-squares fit in Chebyshev
+# form of ln(erfc(z) / t) + z^2 over z in [0, 12] (erfc in float64); the
+# relative error of erfc it gives is under 8e-7 (tests/test_ops.py checks it).
+ERFC_POLY = (-1.2654688, 0.998453409, 0.394841542, -0.042764389, 0.355947146, -1.0078109, 0.755545227, -0.188743973)
+_P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7 = (tl.constexpr(c) for c in ERFC_POLY)
+
+
+@triton.jit
+def _normal_cdf_16bit(x):
+    """Phi(x), the standard normal CDF, to about 1e-6 relative: for results
+    rounded to bfloat16 or float16 (8 or 11 bits).
+
+    libdevice's erf picks its polynomial's coefficients per element from two
+    ranges: about 37 instructions an element with the loads and stores.  At the
+    element rate of a 16-bit tensor that makes the forward issue-bound (on an
+    H100, 94% of copy bandwidth where eager got 97%).  This form has one range
+    and no cancellation for negative x, where Phi(x) = erfc(|x| / sqrt 2) / 2."""
+    z = tl.abs(x) * SQRT_1_2
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = ((((((_P7 * t + _P6) * t + _P5) * t + _P4) * t + _P3) * t + _P2) * t + _P1) * t + _P0
+    # Phi(-|x|) = t exp(P - z^2) / 2.  The GPU's exp2 flushes results under
+    # 2^-126 to zero, and Phi(-13) is 6e-39: so exp2 is taken 63 octaves up
+    # (the halving folded in) and brought down by a multiply, which keeps
+    # float32's subnormals (bfloat16 holds gelu(x) down to x = -13.5).
+    tail = t * tl.exp2((p - z * z) * LOG2E + 63.0) * TWO_TO_MINUS_64
+    return tl.where(x >= 0, 1.0 - tail, tail)
 
 
 @triton.jit
@@ -45,6 +75,8 @@ def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr
         # cancellation of 1 + tanh(u) for large negative x (it would give 0).
         inner = SQRT_2_PI * (x + TANH_CUBIC * x * x * x)
         y = x * tl.sigmoid(2.0 * inner)
+    elif y_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        y = x * _normal_cdf_16bit(x)
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * SQRT_1_2))
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
