@@ -48,8 +48,9 @@ def _normal_cdf_16bit(x):
     libdevice's erf picks its polynomial's coefficients per element from two
     ranges: about 37 instructions an element with the loads and stores.  At the
     element rate of a 16-bit tensor that makes the forward issue-bound (on an
-    H100, 94% of copy bandwidth where eager got 97%).  This form has one range
-    and no cancellation for negative x, where Phi(x) = erfc(|x| / sqrt 2) / 2."""
+    H100, 2^28 float16 elements: 94% of copy bandwidth where eager got 97%).
+    This form has one range (30 instructions an element) and no cancellation
+    for negative x, where Phi(x) = erfc(|x| / sqrt 2) / 2."""
     z = tl.abs(x) * SQRT_1_2
     t = 1.0 / (1.0 + 0.5 * z)
     p = ((((((_P7 * t + _P6) * t + _P5) * t + _P4) * t + _P3) * t + _P2) * t + _P1) * t + _P0
