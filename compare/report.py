@@ -38,11 +38,11 @@ def _num(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
-def _ratio(x: float | None) -> str:
+def ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}x"
 
 
-def _share(x: float | None) -> str:
+def share(x: float | None) -> str:
     return "" if x is None else f"{100 * x:.0f}%"
 
 
@@ -98,8 +98,8 @@ def table_rows(records: list[dict], bound: str) -> tuple[list[str], list[list[st
         if show_graph:
             row.append(_graph_time(r, eager_graph))
         note = (r["error"] or "").splitlines()[0][:90] if r["status"] != "ok" else (r["error"] or "")[:90]
-        row += [_num(r["gbps"]), _num(r["tflops"]), _share(r["limit_share"]), _ratio(r["speedup_vs_eager"])]
-        row += [_ratio(r["speedup_vs_compile"]), "" if r["kernels"] is None else str(r["kernels"]), _err(r["rel_error"]), note]
+        row += [_num(r["gbps"]), _num(r["tflops"]), share(r["limit_share"]), ratio(r["speedup_vs_eager"])]
+        row += [ratio(r["speedup_vs_compile"]), "" if r["kernels"] is None else str(r["kernels"]), _err(r["rel_error"]), note]
         rows.append(row)
     return headers, rows
 
@@ -111,7 +111,7 @@ def _graph_time(r: dict, eager_graph: float | None) -> str:
         return ""
     if eager_graph is None or r["status"] not in ("ok", "wrong"):
         return fmt_time(r["cudagraph_ms"])
-    return f"{fmt_time(r['cudagraph_ms'])} ({_ratio(eager_graph / r['cudagraph_ms'])})"
+    return f"{fmt_time(r['cudagraph_ms'])} ({ratio(eager_graph / r['cudagraph_ms'])})"
 
 
 def group_title(op: str, dtype: str, label: str, records: list[dict]) -> str:

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from .report import ratio, share
+from .schema import SCHEMA
+
 LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at the hardware's limit
 TIE = 1.02  # tk within 2% of the fastest other variant counts as level with it
 
@@ -35,7 +38,14 @@ def find_docs(folders: list[Path]) -> list[dict]:
         paths = [folder / "results.json"] if (folder / "results.json").is_file() else sorted(folder.glob("*/results.json"))
         if not paths:
             raise FileNotFoundError(f"no results.json in {folder} or in its sub-folders")
-        docs.extend(json.loads(p.read_text()) for p in paths)
+        for path in paths:
+            try:
+                doc = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not valid JSON: {e}") from e
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+                raise ValueError(f"{path} is not a report of python -m compare (its 'schema' is not {SCHEMA!r})")
+            docs.append(doc)
     return docs
 
 
@@ -79,14 +89,6 @@ def _shapes(records: list[dict]) -> dict[str, list[dict]]:
     return by_shape
 
 
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value is not None else ""
-
-
-def _pct(value: float | None) -> str:
-    return f"{100 * value:.0f}%" if value is not None else ""
-
-
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.0f}" if n >= 1e6 else f"{n / 1e6:.2f}"
 
@@ -102,8 +104,8 @@ def largest_shapes_table(merged: dict) -> list[list[str]]:
             continue
         tk, best = case["tk"], case["best"]
         rows.append([
-            op, dtype, label, _mb(tk["bytes"]), _pct(tk["limit_share"]), _x(tk["speedup_vs_eager"]),
-            _x(tk["speedup_vs_compile"]), f"{case['vs_best']:.2f}x ({best['variant']})",
+            op, dtype, label, _mb(tk["bytes"]), share(tk["limit_share"]), ratio(tk["speedup_vs_eager"]),
+            ratio(tk["speedup_vs_compile"]), f"{ratio(case['vs_best'])} ({best['variant']})",
         ])  # fmt: skip
     return rows
 
@@ -120,8 +122,8 @@ def large_cases(merged: dict) -> tuple[int, list[list[str]]]:
             if case["vs_best"] * TIE < 1:
                 tk, best = case["tk"], case["best"]
                 behind.append([
-                    op, dtype, label, _mb(tk["bytes"]), _pct(tk["limit_share"]), f"{case['vs_best']:.2f}x ({best['variant']})",
-                    _x(case["graph_vs_best"]),
+                    op, dtype, label, _mb(tk["bytes"]), share(tk["limit_share"]), f"{ratio(case['vs_best'])} ({best['variant']})",
+                    ratio(case["graph_vs_best"]),
                 ])  # fmt: skip
     return count, behind
 
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         docs = find_docs(args.folders)
-    except (FileNotFoundError, json.JSONDecodeError) as e:
+    except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
     page = markdown(docs)
     if args.out:

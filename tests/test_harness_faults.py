@@ -388,6 +388,30 @@ def test_disk_full_while_writing_the_report(logs, spec, monkeypatch, capsys):
     logs.assert_earlier_intact()
 
 
+def test_summary_that_cannot_be_written(logs, spec, monkeypatch, capsys):
+    """A run of several ops whose summary.md cannot be written: an error names
+    it, and the op reports are still written and linked (the page is extra)."""
+    spec()
+    monkeypatch.setitem(ops.SPECS, "fits", fault_spec(name="fits"))
+    real_write_text = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "summary.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert run(logs.root, "--op", f"{OP},fits", "--variants", "eager,tk") == 0
+    err = capsys.readouterr().err
+    assert "error: cannot write " in err and "summary.md: [Errno 28] No space left on device" in err
+    (new_run,) = logs.new_runs()
+    assert not (new_run / "summary.md").exists()
+    for op in (OP, "fits"):
+        assert records(logs.root / op)["tk", 64]["status"] == "ok"
+        assert (logs.root / op).resolve().parent == new_run.resolve()
+    assert (logs.root / "latest").resolve() == new_run.resolve()
+
+
 def test_link_that_cannot_be_updated(logs, spec, monkeypatch, capsys):
     """The report is written but logs/<op> cannot be repointed: an error, the old
     link intact, no stray temporary link."""

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from compare import summary
+from compare import schema, summary
 
 MB = 1_000_000
 
@@ -24,7 +24,7 @@ def rec(variant, median_ms, *, op="gelu", dtype="bfloat16", shape="n=2^26", nbyt
 
 def doc(records, op="gelu", started="2026-01-01T00:00:00Z"):
     return {
-        "op": op, "complete": True, "started_utc": started, "finished_utc": started, "records": records,
+        "schema": schema.SCHEMA, "op": op, "complete": True, "started_utc": started, "finished_utc": started, "records": records,
         "environment": {"gpu": "A GPU", "torch": "2.x", "triton": "3.x"}, "limits": {"copy": {"gbps": 3000.0}},
     }  # fmt: skip
 
@@ -88,3 +88,15 @@ def test_the_page_from_run_folders(tmp_path):
     assert "## Variants that failed or were wrong\n\nNone." in page
     with pytest.raises(SystemExit):
         summary.main([str(tmp_path / "empty")])
+
+
+def test_a_folder_that_is_not_a_report_is_refused_by_name(tmp_path, capsys):
+    (tmp_path / "op").mkdir()
+    (tmp_path / "op" / "results.json").write_text(json.dumps({"records": []}))
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path)])
+    assert "results.json is not a report of python -m compare" in capsys.readouterr().err
+    (tmp_path / "op" / "results.json").write_text("{not json")
+    with pytest.raises(SystemExit):
+        summary.main([str(tmp_path)])
+    assert "results.json is not valid JSON" in capsys.readouterr().err
