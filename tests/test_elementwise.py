@@ -8,6 +8,8 @@ gradcheck, opcheck, clear errors, torch.compile.  Each test runs on the CPU
 (compiled kernels, realistic sizes; marked `gpu`).
 """
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -404,8 +406,8 @@ def test_dense_inputs_keep_their_layout(device):
 
 def test_launch_rule_covers_every_element():
     for device in [torch.device("cpu"), torch.device("cuda")]:
-        for n in [1, 1000, 4097, 1 << 22, (1 << 22) + 1, (1 << 31) + 5]:
-            block, warps = elementwise_config(n, device)
+        for n, per_thread in itertools.product([1, 1000, 4097, 1 << 22, (1 << 22) + 1, (1 << 31) + 5], [8, 16]):
+            block, warps = elementwise_config(n, device, per_thread)
             (programs,) = elementwise_grid(n, block)
             assert block & (block - 1) == 0  # a power of two, as tl.arange needs
             assert device.type == "cpu" or warps * 32 <= block  # on a GPU, every thread has an element
