@@ -87,6 +87,8 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 16) -> tu
     CPU (Triton's interpreter): every program costs Python time, so one
     program takes as much as it can: the whole tensor up to 2**16 elements.
     """
+    if per_thread < 1 or per_thread & (per_thread - 1):
+        raise ValueError(f"elementwise_config: per_thread must be a power of two, got {per_thread}")
     if device.type != "cuda":
         return min(next_power_of_2(max(n, 1)), 1 << 16), 1
     if n >= 1 << 22:

@@ -412,6 +412,13 @@ def test_launch_rule_covers_every_element():
             assert block & (block - 1) == 0  # a power of two, as tl.arange needs
             assert device.type == "cpu" or warps * 32 <= block  # on a GPU, every thread has an element
             assert (programs - 1) * block < n <= programs * block  # all covered, no empty program
+            if device.type == "cuda" and n >= 1 << 22:
+                assert block == warps * 32 * per_thread  # the elements a thread the kernel asked for
+
+
+def test_launch_rule_refuses_a_count_a_thread_that_is_not_a_power_of_two():
+    with pytest.raises(ValueError, match="per_thread"):
+        elementwise_config(1 << 22, torch.device("cuda"), per_thread=12)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
