@@ -59,6 +59,11 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def device_label(environment: dict) -> str:
+    """The device a report ran on, as its pages name it."""
+    return environment.get("gpu") or f"CPU ({environment.get('cpu')})"
+
+
 def _status(r: dict) -> str:
     s = {"ok": "ok", "wrong": "WRONG", "failed": "FAILED", "skipped": "skipped"}[r["status"]]
     if r["interpreted"] and r["status"] in ("ok", "wrong"):
@@ -223,9 +228,8 @@ def markdown(doc: dict, png_name: str | None) -> str:
     out = [f"# {doc['op']}: tk against eager and torch.compile", ""]
     if not doc["complete"]:
         out += ["**Incomplete: the run was interrupted; the tables hold what ran before.**", ""]
-    dev = doc["environment"].get("gpu") or f"CPU ({doc['environment'].get('cpu')})"
     out += [
-        f"- device: {dev}; started {doc['started_utc']}, finished {doc['finished_utc']}",
+        f"- device: {device_label(doc['environment'])}; started {doc['started_utc']}, finished {doc['finished_utc']}",
         f"- dtypes: {', '.join(s['dtypes'])}; shapes: {', '.join(s['shape_labels'])}",
         f"- variants: {', '.join(s['variants'])}; bound: {doc['bound']} "
         f"(share of limit against {'matmul throughput' if doc['bound'] == 'compute' else 'copy bandwidth'})",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .report import ratio, share
+from .report import device_label, groups, ratio, share
 from .schema import SCHEMA
 
 LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at the hardware's limit
@@ -83,10 +83,8 @@ def compare_case(records: list[dict]) -> dict | None:
 
 
 def _shapes(records: list[dict]) -> dict[str, list[dict]]:
-    by_shape: dict[str, list[dict]] = {}
-    for r in records:
-        by_shape.setdefault(r["shape_label"], []).append(r)
-    return by_shape
+    """One (op, dtype)'s records by shape label (skipped peers left out, as in the op's report)."""
+    return {label: shape_records for _, label, shape_records in groups(records)}
 
 
 def _mb(n: int) -> str:
@@ -147,12 +145,11 @@ def problems(merged: dict) -> list[list[str]]:
 
 def _header(docs: list[dict]) -> list[str]:
     env = docs[0]["environment"]
-    device = env.get("gpu") or env.get("cpu") or env.get("device_type")
     copy = docs[0]["limits"].get("copy") or {}
     started = min(d["started_utc"] for d in docs)
     finished = max(d["finished_utc"] or d["started_utc"] for d in docs)
     lines = [
-        f"- device: {device}; torch {env.get('torch')}, Triton {env.get('triton')}",
+        f"- device: {device_label(env)}; torch {env.get('torch')}, Triton {env.get('triton')}",
         f"- {len({d['op'] for d in docs})} ops from {len(docs)} reports, {started} to {finished}",
     ]
     if copy.get("gbps"):
@@ -200,7 +197,10 @@ def main(argv=None) -> int:
         p.error(str(e))
     page = markdown(docs)
     if args.out:
-        args.out.write_text(page)
+        try:
+            args.out.write_text(page)
+        except OSError as e:
+            p.exit(1, f"{p.prog}: error: cannot write {args.out}: {e}\n")
     else:
         print(page)
     return 0

@@ -100,3 +100,13 @@ def test_a_folder_that_is_not_a_report_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         summary.main([str(tmp_path)])
     assert "results.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_a_page_that_cannot_be_written_is_an_error_naming_the_file(tmp_path, capsys):
+    (tmp_path / "gelu").mkdir()
+    (tmp_path / "gelu" / "results.json").write_text(json.dumps(doc([rec("eager", 1.0), rec("tk", 0.9)])))
+    out = tmp_path / "no-such-folder" / "summary.md"
+    with pytest.raises(SystemExit) as exit_info:
+        summary.main([str(tmp_path), "--out", str(out)])
+    assert exit_info.value.code == 1
+    assert f"cannot write {out}" in capsys.readouterr().err
