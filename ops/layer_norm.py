@@ -71,10 +71,12 @@ import triton.language as tl
 from ._device import kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
+    FLOAT32,
     GRAD,
     OpSpec,
     check_same,
     check_tensor,
+    follow_autocast,
     launcher,
     needs_grad,
     register_formula,
@@ -607,12 +609,13 @@ def normalize_backward(
     kernels: NormKernels, grad, x, weight, eps: float, n_cols: int, weight_grad: bool, bias_grad: bool, param_shape
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(dx, dw, db) for contiguous grad and x seen as rows of n_cols; dw/db of
-    param_shape and x's dtype when asked for, None otherwise."""
+    param_shape and the weight's dtype (x's without one) when asked for, None otherwise."""
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     n_rows = _rows(x, n_cols)
     allocate = torch.zeros if n_rows == 0 else torch.empty  # a sum over no rows is 0
-    dw = allocate(param_shape, dtype=x.dtype, device=x.device) if weight_grad else None
-    db = allocate(param_shape, dtype=x.dtype, device=x.device) if bias_grad else None
+    param_dtype = x.dtype if weight is None else weight.dtype
+    dw = allocate(param_shape, dtype=param_dtype, device=x.device) if weight_grad else None
+    db = allocate(param_shape, dtype=param_dtype, device=x.device) if bias_grad else None
     if n_rows == 0 or n_cols == 0:
         return dx, dw, db
     kind = _kind(x.device)
@@ -678,13 +681,23 @@ def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int) -> None:
 
 
 def check_param(op: str, arg: str, t: Optional[torch.Tensor], x: torch.Tensor, shape: tuple) -> None:
-    """A weight or bias: None, or a tensor of `shape` on x's device, of x's dtype."""
+    """A weight or bias: None, or a tensor of `shape` on x's device, of x's dtype or, for a 16-bit
+    x, float32: PyTorch's norms take float32 parameters with 16-bit inputs too (mixed-precision
+    models keep them so), computing in float32 and returning x's dtype; so do these kernels."""
     if t is None:
         return
     check_tensor(op, arg, t)
-    check_same(op, {"x": x, arg: t})
+    if t.device != x.device:
+        raise ValueError(f"tk.{op}: x is on {x.device} but {arg} is on {t.device}")
+    if t.dtype not in param_dtypes(x):
+        allowed = " or ".join(map(str, param_dtypes(x)))
+        raise TypeError(f"tk.{op}: x has dtype {x.dtype}, so {arg} must have dtype {allowed}, not {t.dtype}")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"tk.{op}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def param_dtypes(x: torch.Tensor) -> tuple[torch.dtype, ...]:
+    return (x.dtype, torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else (x.dtype,)
 
 
 def _normalized_size(op: str, x: torch.Tensor, normalized_shape) -> int:
@@ -717,6 +730,13 @@ def _layer_norm(
     n_cols = _normalized_size("layer_norm", x, normalized_shape)
     check_param("layer_norm", "weight", weight, x, normalized_shape)
     check_param("layer_norm", "bias", bias, x, normalized_shape)
+    if bias is not None and bias.dtype != (x if weight is None else weight).dtype:
+        # The backward sees the weight, not the bias, and gives dbias the weight's dtype (x's without one).
+        raise TypeError(
+            f"tk.layer_norm: bias has dtype {bias.dtype} but "
+            + (f"weight has dtype {weight.dtype}" if weight is not None else f"there is no weight and x has dtype {x.dtype}")
+            + "; give them one dtype"
+        )
     return normalize(LAYER_NORM_KERNELS, x.contiguous(), _contiguous(weight), _contiguous(bias), eps, n_cols)
 
 
@@ -749,6 +769,8 @@ def _layer_norm_backward(
 
 layer_norm = register_op("layer_norm", _layer_norm)
 layer_norm_backward = register_op("layer_norm_backward", _layer_norm_backward)
+# Under autocast, as F.layer_norm: float32 on CUDA, inputs as they come on the CPU.
+follow_autocast("layer_norm", {"cuda": FLOAT32})
 
 
 # x and weight are saved; mean and rstd are recomputed (see the module docstring).

@@ -186,7 +186,8 @@ def test_norms_of_empty_tensors(device):
 
 
 def check_gradients(tk_fn, torch_fn, inputs, dtype, scale=2.0):
-    """Gradients of every input that requires them, against PyTorch in float64."""
+    """Gradients of every input that requires them, against PyTorch in float64, each in its input's
+    dtype (`dtype` for 16-bit inputs; float32 parameters of a 16-bit x get float32 gradients)."""
     tk_inputs = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     out = tk_fn(*tk_inputs)
     grad = torch.randn_like(out)
@@ -197,7 +198,7 @@ def check_gradients(tk_fn, torch_fn, inputs, dtype, scale=2.0):
         if want is None or want.grad is None:  # frozen, or unused (a bias passed to rms_norm's lambda)
             assert got is None or got.grad is None
             continue
-        assert_close(got.grad, want.grad, dtype, scale=scale)
+        assert_close(got.grad, want.grad, dtype if got.dtype == dtype else got.dtype, scale=scale)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -357,6 +358,50 @@ def test_designs_match_float64(small_blocks, launched, dtype, case):
         assert grids[backward_kernels[-1]] == backward_grid
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_float32_params_with_a_16bit_x(small_blocks, launched, dtype, case):
+    """A 16-bit x with a float32 weight and bias, as mixed-precision models keep norms (PyTorch's norms
+    take them): y in x's dtype, dx in x's, dweight and dbias in float32, every design."""
+    shape, forward, backward, *_ = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", torch.float32)
+    for prefix, tk_fn, torch_fn in [
+        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]:
+        launched.clear()
+        assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
+        check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
+        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_params_with_a_16bit_x_at_model_sizes(device):
+    shape = (37, 129) if device == "cpu" else (4096, 4096)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(shape, device=device, dtype=dtype).requires_grad_()
+        weight, bias = params(shape[-1], device, torch.float32)
+        n = shape[-1]
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+            [x, weight.requires_grad_(), bias.requires_grad_()],
+            dtype,
+        )
+        check_gradients(
+            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+            [x, weight],
+            dtype,
+        )
+
+
 def test_long_rows_gradcheck(small_blocks, launched):
     x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, dtype=torch.float64, requires_grad=True)
@@ -430,7 +475,13 @@ ERROR_CASES = [
         "rms weight dtype",
         lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(4, dtype=torch.float16), None),
         TypeError,
-        "x has dtype torch.float32 but weight has dtype torch.float16",
+        "x has dtype torch.float32, so weight must have dtype torch.float32, not torch.float16",
+    ),
+    (
+        "rms weight of the other 16-bit dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.float16), None),
+        TypeError,
+        "x has dtype torch.bfloat16, so weight must have dtype torch.bfloat16 or torch.float32, not torch.float16",
     ),
     (
         "rms weight device",
@@ -477,9 +528,23 @@ ERROR_CASES = [
     ),
     (
         "ln weight dtype",
-        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.bfloat16), [4], torch.ones(4), None, 1e-5),
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [4], torch.ones(4, dtype=torch.bfloat16), None, 1e-5),
         TypeError,
-        "x has dtype torch.bfloat16 but weight has dtype torch.float32",
+        "x has dtype torch.float32, so weight must have dtype torch.float32, not torch.bfloat16",
+    ),
+    (
+        "ln weight and bias of two dtypes",
+        lambda: torch.ops.tk.layer_norm(
+            torch.ones(3, 4, dtype=torch.bfloat16), [4], torch.ones(4), torch.ones(4, dtype=torch.bfloat16), 1e-5
+        ),
+        TypeError,
+        "bias has dtype torch.bfloat16 but weight has dtype torch.float32; give them one dtype",
+    ),
+    (
+        "ln float32 bias, no weight, 16-bit x",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.float16), [4], None, torch.ones(4), 1e-5),
+        TypeError,
+        "bias has dtype torch.float32 but there is no weight and x has dtype torch.float16",
     ),
     (
         "ln_backward dtypes",
