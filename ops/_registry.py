@@ -318,6 +318,59 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 
 
 # --------------------------------------------------------------------------
+# torch.autocast: the cast PyTorch makes for the op a tk op stands in for.
+# --------------------------------------------------------------------------
+
+LOWER_PRECISION = "lower_precision"  # floating inputs in the autocast dtype, as for torch.matmul
+FLOAT32 = "float32"  # floating inputs in float32, as for F.cross_entropy (and torch.softmax on CUDA)
+
+
+def follow_autocast(name: str, policies: dict[str, str]) -> None:
+    """Under ``torch.autocast``, cast ``tk.<name>``'s inputs as PyTorch casts its own op's.
+
+    ``policies`` maps a device type to LOWER_PRECISION or FLOAT32, copied from
+    the lists PyTorch keeps per device (aten/src/ATen/autocast_mode.cpp); a
+    device type left out runs the inputs as they come, as PyTorch does for an
+    op on neither list.  Without this, an autocast model breaks at its first tk
+    op: ``tk.matmul`` of an activation autocast left in bfloat16 and a float32
+    weight is a dtype mismatch.  As in PyTorch, float64 tensors and tensors on
+    another device are not cast, and the cast is an ordinary differentiable
+    ``.to``, so gradients reach float32 weights in float32.  The kernel sits at
+    the ``Autocast<Device>`` key, which the dispatcher visits only while
+    autocast is on: other calls pay nothing."""
+    for device_type, policy in policies.items():
+        if policy not in (LOWER_PRECISION, FLOAT32):
+            raise ValueError(f"tk.{name}: unknown autocast policy {policy!r} for {device_type}")
+        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        op = getattr(getattr(torch.ops, NAMESPACE), name).default
+        _LIBRARY.impl(name, _autocast_kernel(op, device_type, policy, getattr(torch._C.DispatchKey, key)), key,
+                      with_keyset=True)  # fmt: skip
+
+
+def _autocast_kernel(op, device_type: str, policy: str, key) -> Callable:
+    def kernel(keyset, *args, **kwargs):
+        dtype = torch.float32 if policy == FLOAT32 else torch.get_autocast_dtype(device_type)
+        args = [_autocast(a, device_type, dtype) for a in args]
+        kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _autocast(value, device_type: str, dtype: torch.dtype):
+    """An argument as autocast hands it to an op: floating tensors on its device in ``dtype``, float64 kept."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.dtype != torch.float64
+        and value.device.type == device_type
+    ):
+        return value.to(dtype)
+    return value
+
+
+# --------------------------------------------------------------------------
 # Backward formulas that are one call of another op.
 # --------------------------------------------------------------------------
 

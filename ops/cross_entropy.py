@@ -50,7 +50,16 @@ import triton.language as tl
 
 from ._device import kind as _kind
 from ._launch import next_power_of_2
-from ._registry import NAMESPACE, OpSpec, check_tensor, launcher, register_op, register_spec
+from ._registry import (
+    FLOAT32,
+    NAMESPACE,
+    OpSpec,
+    check_tensor,
+    follow_autocast,
+    launcher,
+    register_op,
+    register_spec,
+)
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -434,6 +443,8 @@ def cross_entropy(
 
 
 _LIBRARY.impl("cross_entropy", cross_entropy, "CompositeImplicitAutograd")
+# Under autocast, as F.cross_entropy on either device: logits in float32.
+follow_autocast("cross_entropy", {"cuda": FLOAT32, "cpu": FLOAT32})
 
 
 # --------------------------------------------------------------------------

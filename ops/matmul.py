@@ -37,9 +37,11 @@ from ._device import kind, set_scratch_allocator, sm_count, tma_available
 from ._launch import cdiv
 from ._registry import (
     GRAD,
+    LOWER_PRECISION,
     OpSpec,
     check_same,
     check_tensor,
+    follow_autocast,
     is_fake,
     launcher,
     needs_grad,
@@ -419,6 +421,8 @@ def _sum_slices(partial: torch.Tensor, c: torch.Tensor, split: int) -> None:
 
 
 matmul = register_op("matmul", _matmul)
+# Under autocast, as torch.matmul on either device: operands in the autocast dtype.
+follow_autocast("matmul", {"cuda": LOWER_PRECISION, "cpu": LOWER_PRECISION})
 
 
 def _matmul_backward(

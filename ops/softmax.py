@@ -52,12 +52,14 @@ import triton.language as tl
 from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
+    FLOAT32,
     GRAD,
     RESULT,
     SPECS,
     OpSpec,
     check_same,
     check_tensor,
+    follow_autocast,
     launcher,
     launching_directly,
     register_formula,
@@ -1038,6 +1040,8 @@ def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Te
 
 softmax = register_op("softmax", _softmax)
 softmax_backward = register_op("softmax_backward", _softmax_backward)
+# Under autocast, as torch.softmax: float32 on CUDA, inputs as they come on the CPU.
+follow_autocast("softmax", {"cuda": FLOAT32})
 
 
 # dx = y * (dy - sum(dy * y)): the backward reads the result y, not x.

@@ -1,0 +1,120 @@
+"""tk ops under torch.autocast cast their inputs as PyTorch casts the op each one stands in for.
+
+The expected dtypes are not written down here: each op is run next to its
+spec's PyTorch reference under the same autocast, on the CPU and (marked
+`gpu`) on CUDA, whose autocast lists differ.  So a PyTorch release that moves
+an op between its lists fails this test rather than leaving tk behind.
+"""
+
+import pytest
+import torch
+from reference import DEVICES, TOLERANCE, rel_error
+from test_model import CPU_CASE, CUDA_CASE, assert_as_accurate, loss_and_grads, make_batch, make_model
+
+import ops  # noqa: F401
+from examples.gpt_block import TK_OPS, TORCH_OPS
+from ops._registry import SPECS, follow_autocast
+
+AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_each_op_gives_the_dtype_pytorch_gives_under_autocast(device, autocast_dtype, name):
+    """float32 inputs: the lists cast them (matmul) or keep them; the values stay PyTorch's."""
+    spec = SPECS[name]
+    inputs = spec.make_inputs(spec.shapes["cpu"][0], torch.float32, device)
+    with torch.autocast(device, dtype=autocast_dtype):
+        got, want = outputs(spec.tk(*inputs)), outputs(spec.reference(*inputs))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype, f"{name}: tk gives {g.dtype}, PyTorch {w.dtype}"
+        # Both computed from the same cast inputs: apart by two roundings at most.
+        assert rel_error(g, w) <= 2 * TOLERANCE.get(g.dtype, 0.0) + 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
+def test_16bit_inputs_under_autocast(device, autocast_dtype):
+    """Inputs already in a 16-bit dtype: float32 where PyTorch's list says so (softmax and layer_norm
+    on CUDA, cross_entropy everywhere), the autocast dtype for matmul, as they came elsewhere."""
+    other = torch.float16 if autocast_dtype == torch.bfloat16 else torch.bfloat16
+    for name in ("matmul", "softmax", "layer_norm", "rms_norm", "cross_entropy", "gelu"):
+        spec = SPECS[name]
+        inputs = spec.make_inputs(spec.shapes["cpu"][0], other, device)
+        with torch.autocast(device, dtype=autocast_dtype):
+            got, want = spec.tk(*inputs), spec.reference(*inputs)
+        assert got.dtype == want.dtype, f"{name}: tk gives {got.dtype}, PyTorch {want.dtype}"
+
+
+def test_float64_is_not_cast():
+    a, b = torch.randn(5, 6, dtype=torch.float64), torch.randn(6, 7, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.ops.tk.matmul(a, b).dtype == torch.matmul(a, b).dtype == torch.float64
+
+
+def test_without_autocast_nothing_is_cast():
+    a, b = torch.randn(5, 6), torch.randn(6, 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert torch.ops.tk.matmul(a, b).dtype == torch.float32
+    assert torch.ops.tk.matmul(a, b).dtype == torch.float32
+
+
+def test_a_float32_weight_meets_an_autocast_activation():
+    """The first thing that broke an autocast model: an activation autocast left in bfloat16 times a
+    float32 weight.  Gradients reach the float32 leaves in float32, through the cast."""
+    x, w1, w2 = (torch.randn(s, requires_grad=True) for s in [(8, 16), (16, 12), (12, 4)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = torch.ops.tk.matmul(x, w1)
+        out = torch.ops.tk.matmul(h, w2)
+        want = torch.matmul(torch.matmul(x, w1), w2)
+    assert h.dtype == out.dtype == want.dtype == torch.bfloat16
+    assert rel_error(out, want) <= 2 * TOLERANCE[torch.bfloat16]
+    out.float().sum().backward()
+    assert x.grad.dtype == w1.grad.dtype == w2.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_autocast_training_step_of_the_tk_model_matches_pytorchs(device):
+    """The GPT block of examples/ with float32 weights, forward and backward under autocast in
+    bfloat16: tk's loss and gradients have PyTorch's dtypes and are as accurate as PyTorch's."""
+    config, batch, seq = CUDA_CASE if device == "cuda" else CPU_CASE
+    torch_model = make_model(config, device)
+    tk_model = torch_model.with_ops(TK_OPS)
+    ref64 = torch_model.with_ops(TORCH_OPS).double()
+    tokens, targets = make_batch(config, batch, seq, device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        tk_loss, tk_grads = loss_and_grads(tk_model, tokens, targets)
+        torch_loss, torch_grads = loss_and_grads(torch_model, tokens, targets)
+    loss64, grads64 = loss_and_grads(ref64, tokens, targets)
+    assert_as_accurate("loss", tk_loss, torch_loss, loss64, torch.bfloat16)
+    for name, grad in tk_grads.items():
+        assert_as_accurate(f"grad of {name}", grad, torch_grads[name], grads64[name], torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_under_autocast_matches_eager(device):
+    a, b = torch.randn(64, 48, device=device), torch.randn(48, 80, device=device)
+
+    def f(a, b):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            product = torch.ops.tk.matmul(a, b)
+            return product, torch.ops.tk.softmax(product, -1), torch.softmax(product, -1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)(a, b)
+    eager = f(a, b)
+    for c, e in zip(compiled, eager, strict=True):
+        assert c.dtype == e.dtype
+        torch.testing.assert_close(c, e)
+    assert compiled[0].dtype == torch.bfloat16
+    assert compiled[1].dtype == compiled[2].dtype  # tk.softmax's dtype is torch.softmax's, compiled too
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="unknown autocast policy 'float8' for cpu"):
+        follow_autocast("gelu", {"cpu": "float8"})
