@@ -105,6 +105,12 @@ def register(namespace: str, name: str, body, fallback_autograd, fallback_backen
     )
 
 
+def register_autocast(namespace: str, name: str, device: str, to_float32: bool) -> None:
+    """Cast ``namespace::name``'s floating inputs at ``Autocast<Device>`` in C++: to float32, or to the
+    autocast dtype (see ``follow_autocast`` in _registry.py, whose Python kernel this replaces)."""
+    module().register_autocast(namespace, name, device, to_float32)
+
+
 def set_formula(namespace: str, name: str, description) -> None:
     """The backward of ``namespace::name`` as one call of another op, for its C++ autograd node
     (see ``register_formula`` in _registry.py); None: calls needing a gradient go to Python."""

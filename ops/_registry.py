@@ -341,6 +341,9 @@ def follow_autocast(name: str, policies: dict[str, str]) -> None:
     for device_type, policy in policies.items():
         if policy not in (LOWER_PRECISION, FLOAT32):
             raise ValueError(f"tk.{name}: unknown autocast policy {policy!r} for {device_type}")
+        if device_type == "cuda" and _NATIVE_CUDA:  # the same casts in C++ (see _native.cpp)
+            _native.register_autocast(NAMESPACE, name, device_type, policy == FLOAT32)
+            continue
         key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
         op = getattr(getattr(torch.ops, NAMESPACE), name).default
         _LIBRARY.impl(name, _autocast_kernel(op, device_type, policy, getattr(torch._C.DispatchKey, key)), key,

@@ -13,7 +13,8 @@ from test_model import CPU_CASE, CUDA_CASE, assert_as_accurate, loss_and_grads, 
 
 import ops  # noqa: F401
 from examples.gpt_block import TK_OPS, TORCH_OPS
-from ops._registry import SPECS, follow_autocast
+from ops import _native
+from ops._registry import FLOAT32, LOWER_PRECISION, SPECS, _autocast_kernel, follow_autocast
 
 AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -118,3 +119,66 @@ def test_compiled_under_autocast_matches_eager(device):
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown autocast policy 'float8' for cpu"):
         follow_autocast("gelu", {"cpu": "float8"})
+
+
+# ------------------------------------------------- the casts made in C++ on CUDA
+
+_CAN_BUILD = _native.build_tools_present()
+
+
+@pytest.fixture(scope="module")
+def seen_ops():
+    """Two test ops that record the dtypes they receive: one behind follow_autocast's Python kernel,
+    one behind the native lane's C++ kernel (which tk's own ops take on CUDA), both on the CPU."""
+    native = _native.module() if _CAN_BUILD else None
+    if native is None:
+        pytest.skip("the native lane is not built on this machine")
+    lib = torch.library.Library("tk_autocast_test", "DEF")
+    seen = []
+    for name in ("python_lower", "native_lower", "python_float32", "native_float32"):
+        lib.define(f"{name}(Tensor a, Tensor? b, Tensor c) -> Tensor")
+
+        def record(a, b, c):
+            seen.append(tuple(None if t is None else t.dtype for t in (a, b, c)))
+            return a.double() + c.double() + (0 if b is None else b.double())
+
+        lib.impl(name, record, "CPU")
+        op = getattr(torch.ops.tk_autocast_test, name).default
+        policy = FLOAT32 if name.endswith("float32") else LOWER_PRECISION
+        if name.startswith("native"):
+            native.register_autocast("tk_autocast_test", name, "cpu", policy == FLOAT32)
+        else:
+            key = torch._C.DispatchKey.AutocastCPU
+            lib.impl(name, _autocast_kernel(op, "cpu", policy, key), "AutocastCPU", with_keyset=True)
+    yield seen, lib
+
+
+@pytest.mark.parametrize("policy", ["lower", "float32"])
+@pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
+def test_the_native_casts_are_the_python_ones(seen_ops, policy, autocast_dtype):
+    seen, _ = seen_ops
+    cases = [
+        (torch.randn(3), torch.randn(3, dtype=torch.float16), torch.randn(3, dtype=torch.float64)),
+        (torch.randn(3, dtype=torch.bfloat16), None, torch.arange(3)),
+    ]
+    for a, b, c in cases:
+        got = {}
+        for lane in ("python", "native"):
+            op = getattr(torch.ops.tk_autocast_test, f"{lane}_{policy}")
+            seen.clear()
+            with torch.autocast("cpu", dtype=autocast_dtype):
+                value = op(a, b, c)
+            got[lane] = (seen[0], value)
+            seen.clear()
+            op(a, b, c)  # autocast off: as given
+            assert seen[0] == tuple(None if t is None else t.dtype for t in (a, b, c))
+        assert got["python"][0] == got["native"][0]
+        torch.testing.assert_close(got["python"][1], got["native"][1])
+        cast = torch.float32 if policy == "float32" else autocast_dtype
+
+        def expected(t):  # floating tensors cast, float64 and integers kept
+            if t is None:
+                return None
+            return cast if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
+
+        assert got["native"][0] == tuple(map(expected, (a, b, c)))
