@@ -334,28 +334,36 @@ def follow_autocast(name: str, policies: dict[str, str]) -> None:
     op on neither list.  Without this, an autocast model breaks at its first tk
     op: ``tk.matmul`` of an activation autocast left in bfloat16 and a float32
     weight is a dtype mismatch.  As in PyTorch, float64 tensors and tensors on
-    another device are not cast, and the cast is an ordinary differentiable
-    ``.to``, so gradients reach float32 weights in float32.  The kernel sits at
-    the ``Autocast<Device>`` key, which the dispatcher visits only while
-    autocast is on: other calls pay nothing."""
+    another device are not cast, and the cast is differentiable, so gradients
+    reach float32 weights in float32.  The kernel sits at the
+    ``Autocast<Device>`` key, which the dispatcher visits only while autocast
+    is on: other calls pay nothing."""
     for device_type, policy in policies.items():
         if policy not in (LOWER_PRECISION, FLOAT32):
             raise ValueError(f"tk.{name}: unknown autocast policy {policy!r} for {device_type}")
+        if not torch._C._is_autocast_available(device_type):
+            raise ValueError(f"tk.{name}: torch.autocast has no {device_type!r} device type")
         if device_type == "cuda" and _NATIVE_CUDA:  # the same casts in C++ (see _native.cpp)
             _native.register_autocast(NAMESPACE, name, device_type, policy == FLOAT32)
             continue
-        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
         op = getattr(getattr(torch.ops, NAMESPACE), name).default
-        _LIBRARY.impl(name, _autocast_kernel(op, device_type, policy, getattr(torch._C.DispatchKey, key)), key,
-                      with_keyset=True)  # fmt: skip
+        _LIBRARY.impl(name, _autocast_kernel(op, device_type, policy), autocast_key(device_type), with_keyset=True)
 
 
-def _autocast_kernel(op, device_type: str, policy: str, key) -> Callable:
+def autocast_key(device_type: str) -> str:
+    """The dispatch key autocast kernels of ``device_type`` sit at: AutocastCUDA, AutocastCPU..."""
+    return "Autocast" + torch._C._dispatch_key_for_device(device_type)
+
+
+def _autocast_kernel(op, device_type: str, policy: str) -> Callable:
+    """The casts in Python: cast, then call ``op`` with autocast's key excluded, as PyTorch's kernels do."""
+    key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, autocast_key(device_type)))
+
     def kernel(keyset, *args, **kwargs):
         dtype = torch.float32 if policy == FLOAT32 else torch.get_autocast_dtype(device_type)
         args = [_autocast(a, device_type, dtype) for a in args]
         kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+        with torch._C._ExcludeDispatchKeyGuard(key):
             return op(*args, **kwargs)
 
     return kernel

@@ -14,7 +14,7 @@ from test_model import CPU_CASE, CUDA_CASE, assert_as_accurate, loss_and_grads, 
 import ops  # noqa: F401
 from examples.gpt_block import TK_OPS, TORCH_OPS
 from ops import _native
-from ops._registry import FLOAT32, LOWER_PRECISION, SPECS, _autocast_kernel, follow_autocast
+from ops._registry import FLOAT32, LOWER_PRECISION, SPECS, _autocast_kernel, autocast_key, follow_autocast
 
 AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -148,8 +148,7 @@ def seen_ops():
         if name.startswith("native"):
             native.register_autocast("tk_autocast_test", name, "cpu", policy == FLOAT32)
         else:
-            key = torch._C.DispatchKey.AutocastCPU
-            lib.impl(name, _autocast_kernel(op, "cpu", policy, key), "AutocastCPU", with_keyset=True)
+            lib.impl(name, _autocast_kernel(op, "cpu", policy), autocast_key("cpu"), with_keyset=True)
     yield seen, lib
 
 
@@ -182,3 +181,8 @@ def test_the_native_casts_are_the_python_ones(seen_ops, policy, autocast_dtype):
             return cast if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
 
         assert got["native"][0] == tuple(map(expected, (a, b, c)))
+
+
+def test_a_device_type_autocast_does_not_know_is_refused():
+    with pytest.raises(ValueError, match="torch.autocast has no 'meta' device type"):
+        follow_autocast("gelu", {"meta": LOWER_PRECISION})
