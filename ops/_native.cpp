@@ -40,6 +40,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <dlfcn.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -50,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -360,6 +362,7 @@ enum Token : int64_t {
   kArgument = 1,          // forward argument `index`, saved from the forward
   kResult = 2,            // the op's result
   kNeedsGradient = 3,     // whether forward argument `index` needs a gradient (a bool)
+  kDtypeOf = 4,           // the dtype of forward tensor argument `index` (saved; not the tensor)
 };
 // What a forward argument's gradient is (Formula::gradients).
 constexpr int64_t kNoGradient = -2, kIsIncomingGradient = -1;  // else: the backward op's result `index`
@@ -370,6 +373,7 @@ struct Formula {
   std::vector<std::pair<Token, int64_t>> arguments;
   std::vector<int64_t> gradients;  // one per forward argument
   std::vector<char> read;          // per forward argument: the backward reads it
+  std::vector<char> reads_dtype;   // per forward argument: the backward reads its dtype
   bool reads_result = false;
 };
 
@@ -409,8 +413,10 @@ class TkBackward final : public ag::Node {
   void save_arguments(const std::vector<c10::IValue>& args) {
     saved_.resize(args.size());
     values_.resize(args.size());
+    dtypes_.resize(args.size());
     is_tensor_.assign(args.size(), 0);
     for (size_t i = 0; i < args.size(); ++i) {
+      if (formula_->reads_dtype[i] && args[i].isTensor()) dtypes_[i] = args[i].toTensor().scalar_type();
       if (!formula_->read[i]) continue;
       if (args[i].isTensor() && args[i].toTensor().defined()) {
         saved_[i] = ag::SavedVariable(args[i].toTensor(), /*is_output=*/false);
@@ -436,6 +442,7 @@ class TkBackward final : public ag::Node {
         if (kind == kIncomingGradient) stack.emplace_back(grad);
         if (kind == kResult) stack.emplace_back(result_.unpack(pointer_to(this)));
         if (kind == kNeedsGradient) stack.emplace_back(task_should_compute_output(index));
+        if (kind == kDtypeOf) stack.emplace_back(dtypes_[index]);
         if (kind == kArgument) stack.emplace_back(is_tensor_[index] ? c10::IValue(saved_[index].unpack()) : values_[index]);
       }
       f.backward->callBoxed(stack);
@@ -458,6 +465,7 @@ class TkBackward final : public ag::Node {
   std::shared_ptr<const Formula> formula_;
   std::vector<ag::SavedVariable> saved_;  // per forward argument: the tensors the backward reads
   std::vector<c10::IValue> values_;       // per forward argument: the other values it reads
+  std::vector<c10::IValue> dtypes_;       // per forward argument: its dtype, where the backward reads that
   std::vector<char> is_tensor_;           // per forward argument: saved_ holds it
   ag::SavedVariable result_;
 };
@@ -522,19 +530,21 @@ std::shared_ptr<const Formula> formula_from(py::handle description, size_t n_arg
     n_results = f->backward->schema().returns().size();
   }
   f->read.assign(n_args, 0);
+  f->reads_dtype.assign(n_args, 0);
   for (py::handle h : desc[2].cast<py::list>()) {
     auto item = h.cast<py::tuple>();
     auto kind = static_cast<Token>(item[0].cast<int64_t>());
     int64_t index = item[1].cast<int64_t>();
-    if (kind < kIncomingGradient || kind > kNeedsGradient) {
+    if (kind < kIncomingGradient || kind > kDtypeOf) {
       error = "formula: unknown token " + std::to_string(kind);
       return nullptr;
     }
-    if ((kind == kArgument || kind == kNeedsGradient) && (index < 0 || static_cast<size_t>(index) >= n_args)) {
+    if (kind != kIncomingGradient && kind != kResult && (index < 0 || static_cast<size_t>(index) >= n_args)) {
       error = "formula: argument " + std::to_string(index) + " out of range";
       return nullptr;
     }
     if (kind == kArgument) f->read[index] = 1;
+    if (kind == kDtypeOf) f->reads_dtype[index] = 1;
     if (kind == kResult) f->reads_result = true;
     f->arguments.emplace_back(kind, index);
   }
@@ -575,6 +585,19 @@ struct Lane {
   int64_t replays = 0, python_calls = 0, nodes = 0;
 };
 
+// A boxed argument as Python sees it.  A dtype travels boxed as an int, so an
+// argument the schema types ScalarType (or ScalarType?) becomes a torch.dtype.
+py::object to_python(const c10::Argument& argument, const c10::IValue& value) {
+  if (value.isInt()) {
+    c10::TypePtr type = argument.real_type();
+    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() == c10::TypeKind::ScalarTypeType) {
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(value.toScalarType())));
+    }
+  }
+  return torch::jit::toPyObject(value);
+}
+
 // The Python call for the boxed arguments, as the schema names them:
 // (keyset, *positional), {keyword-only arguments}.
 std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schema, c10::DispatchKeySet keyset,
@@ -583,7 +606,7 @@ std::pair<py::tuple, py::dict> python_arguments(const c10::FunctionSchema& schem
   py::dict keywords;
   positional.append(py::cast(keyset));
   for (size_t i = 0; i < args.size(); ++i) {
-    py::object value = torch::jit::toPyObject(args[i]);
+    py::object value = to_python(schema.arguments()[i], args[i]);
     if (schema.arguments()[i].kwarg_only()) {
       keywords[py::str(schema.arguments()[i].name())] = value;
     } else {
@@ -727,29 +750,61 @@ void register_lane(const std::string& ns, const std::string& name, const std::st
 // kernel; torch.matmul 12.8), 15.8 when the cast is real (torch.matmul 21.4).
 // ---------------------------------------------------------------------------
 
+// The policies, as ops/_registry.py names them.
+enum class CastPolicy { kLowerPrecision, kFloat32, kFloat32Result };
+
 struct AutocastKernel final : c10::OperatorKernel {
-  AutocastKernel(c10::DeviceType device, bool to_float32) : device_(device), to_float32_(to_float32) {}
+  AutocastKernel(c10::DeviceType device, CastPolicy policy) : device_(device), policy_(policy) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    const at::ScalarType dtype = to_float32_ ? at::kFloat : at::autocast::get_autocast_dtype(device_);
-    const size_t n = op.schema().arguments().size();
-    for (auto it = stack->end() - n; it != stack->end(); ++it) {
-      if (it->isTensor()) *it = at::autocast::cached_cast(dtype, it->toTensor(), device_);  // float64 stays
+    const auto& arguments = op.schema().arguments();
+    const size_t n = arguments.size();
+    if (policy_ == CastPolicy::kFloat32Result) {
+      set_float32_dtype(arguments, stack->end() - n);
+    } else {
+      const at::ScalarType dtype = policy_ == CastPolicy::kFloat32 ? at::kFloat : at::autocast::get_autocast_dtype(device_);
+      for (auto it = stack->end() - n; it != stack->end(); ++it) {
+        if (it->isTensor()) *it = at::autocast::cached_cast(dtype, it->toTensor(), device_);  // float64 stays
+      }
     }
     c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device_));
     op.callBoxed(stack);
   }
 
+  // As PyTorch's fp32_set_opt_dtype: when the first argument is a tensor autocast
+  // would cast, an unset `dtype` becomes float32 and the inputs stay as they are.
+  void set_float32_dtype(const std::vector<c10::Argument>& arguments, torch::jit::Stack::iterator args) const {
+    if (!args[0].isTensor()) return;
+    const at::Tensor& first = args[0].toTensor();
+    if (!first.defined() || !first.is_floating_point() || first.scalar_type() == at::kDouble ||
+        first.device().type() != device_)
+      return;
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (arguments[i].name() == "dtype" && args[i].isNone()) args[i] = c10::IValue(at::kFloat);
+    }
+  }
+
   c10::DeviceType device_;
-  bool to_float32_;
+  CastPolicy policy_;
 };
 
-void register_autocast(const std::string& ns, const std::string& name, const std::string& device, bool to_float32) {
+void register_autocast(const std::string& ns, const std::string& name, const std::string& device,
+                       const std::string& policy_name) {
   const c10::DeviceType type = c10::Device(device).type();
+  CastPolicy policy;
+  if (policy_name == "lower_precision") {
+    policy = CastPolicy::kLowerPrecision;
+  } else if (policy_name == "float32") {
+    policy = CastPolicy::kFloat32;
+  } else if (policy_name == "float32_result") {
+    policy = CastPolicy::kFloat32Result;
+  } else {
+    throw std::invalid_argument(ns + "::" + name + ": unknown autocast policy " + policy_name);  // a ValueError
+  }
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
                                               at::autocast::get_autocast_dispatch_key_from_device_type(type),
                                               __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutocastKernel>(type, to_float32)));
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutocastKernel>(type, policy)));
   libraries.push_back(std::move(lib));
 }
 
@@ -804,7 +859,7 @@ void set_launch_hook(py::object hook) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tk's native lane: eager calls of tk ops replayed from C++";
   m.def("register_lane", &register_lane, "register the lane of ns::name at a dispatch key");
-  m.def("register_autocast", &register_autocast, "cast ns::name's floating inputs under autocast (float32 or the autocast dtype)");
+  m.def("register_autocast", &register_autocast, "under autocast, cast ns::name's floating inputs (to float32 or the autocast dtype) or set its dtype");
   m.def("set_formula", &set_formula, "the backward of ns::name as one call of another op, or None");
   m.def("stats", &stats, "plans kept, replays, Python calls and autograd nodes made, per registered lane");
   m.def("clear", &clear, "forget every plan and zero the counts (after changing a rule a body follows)");

@@ -105,10 +105,11 @@ def register(namespace: str, name: str, body, fallback_autograd, fallback_backen
     )
 
 
-def register_autocast(namespace: str, name: str, device: str, to_float32: bool) -> None:
-    """Cast ``namespace::name``'s floating inputs at ``Autocast<Device>`` in C++: to float32, or to the
-    autocast dtype (see ``follow_autocast`` in _registry.py, whose Python kernel this replaces)."""
-    module().register_autocast(namespace, name, device, to_float32)
+def register_autocast(namespace: str, name: str, device: str, policy: str) -> None:
+    """At ``Autocast<Device>``, in C++, what ``policy`` says: cast ``namespace::name``'s floating inputs
+    to float32 or to the autocast dtype, or set its dtype to float32 (see ``follow_autocast`` in
+    _registry.py, whose Python kernel this replaces)."""
+    module().register_autocast(namespace, name, device, policy)
 
 
 def set_formula(namespace: str, name: str, description) -> None:

@@ -322,14 +322,19 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 # --------------------------------------------------------------------------
 
 LOWER_PRECISION = "lower_precision"  # floating inputs in the autocast dtype, as for torch.matmul
-FLOAT32 = "float32"  # floating inputs in float32, as for F.cross_entropy (and torch.softmax on CUDA)
+FLOAT32 = "float32"  # floating inputs in float32, as for F.layer_norm on CUDA
+# Inputs as they come, an unset `dtype` argument set to float32: torch.softmax on CUDA
+# (PyTorch's fp32_set_opt_dtype), whose kernels read 16-bit x and write float32 y.
+FLOAT32_RESULT = "float32_result"
+_POLICIES = (LOWER_PRECISION, FLOAT32, FLOAT32_RESULT)
 
 
 def follow_autocast(name: str, policies: dict[str, str]) -> None:
     """Under ``torch.autocast``, cast ``tk.<name>``'s inputs as PyTorch casts its own op's.
 
-    ``policies`` maps a device type to LOWER_PRECISION or FLOAT32, copied from
-    the lists PyTorch keeps per device (aten/src/ATen/autocast_mode.cpp); a
+    ``policies`` maps a device type to LOWER_PRECISION, FLOAT32 or
+    FLOAT32_RESULT (for an op with a ``dtype`` argument), copied from the
+    lists PyTorch keeps per device (aten/src/ATen/autocast_mode.cpp); a
     device type left out runs the inputs as they come, as PyTorch does for an
     op on neither list.  Without this, an autocast model breaks at its first tk
     op: ``tk.matmul`` of an activation autocast left in bfloat16 and a float32
@@ -338,15 +343,17 @@ def follow_autocast(name: str, policies: dict[str, str]) -> None:
     reach float32 weights in float32.  The kernel sits at the
     ``Autocast<Device>`` key, which the dispatcher visits only while autocast
     is on: other calls pay nothing."""
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
     for device_type, policy in policies.items():
-        if policy not in (LOWER_PRECISION, FLOAT32):
+        if policy not in _POLICIES:
             raise ValueError(f"tk.{name}: unknown autocast policy {policy!r} for {device_type}")
+        if policy == FLOAT32_RESULT and _dtype_position(op) is None:
+            raise ValueError(f"tk.{name}: autocast policy {policy!r} needs a `dtype` argument, and {op._schema} has none")
         if not torch._C._is_autocast_available(device_type):
             raise ValueError(f"tk.{name}: torch.autocast has no {device_type!r} device type")
         if device_type == "cuda" and _NATIVE_CUDA:  # the same casts in C++ (see _native.cpp)
-            _native.register_autocast(NAMESPACE, name, device_type, policy == FLOAT32)
+            _native.register_autocast(NAMESPACE, name, device_type, policy)
             continue
-        op = getattr(getattr(torch.ops, NAMESPACE), name).default
         _LIBRARY.impl(name, _autocast_kernel(op, device_type, policy), autocast_key(device_type), with_keyset=True)
 
 
@@ -356,29 +363,59 @@ def autocast_key(device_type: str) -> str:
 
 
 def _autocast_kernel(op, device_type: str, policy: str) -> Callable:
-    """The casts in Python: cast, then call ``op`` with autocast's key excluded, as PyTorch's kernels do."""
+    """The casts in Python: cast (or set the dtype), then call ``op`` with autocast's key excluded,
+    as PyTorch's kernels do."""
     key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, autocast_key(device_type)))
+    dtype_at = _dtype_position(op)
 
     def kernel(keyset, *args, **kwargs):
-        dtype = torch.float32 if policy == FLOAT32 else torch.get_autocast_dtype(device_type)
-        args = [_autocast(a, device_type, dtype) for a in args]
-        kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
+        if policy == FLOAT32_RESULT:
+            args, kwargs = _set_float32_dtype(args, kwargs, dtype_at, device_type)
+        else:
+            dtype = torch.float32 if policy == FLOAT32 else torch.get_autocast_dtype(device_type)
+            args = [_autocast(a, device_type, dtype) for a in args]
+            kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
         with torch._C._ExcludeDispatchKeyGuard(key):
             return op(*args, **kwargs)
 
     return kernel
 
 
+def _dtype_position(op) -> int | None:
+    """Where ``op``'s ``dtype`` argument is, if it has one."""
+    names = [a.name for a in op._schema.arguments]
+    return names.index("dtype") if "dtype" in names else None
+
+
+def _set_float32_dtype(args, kwargs, at: int, device_type: str):
+    """FLOAT32_RESULT: if the first argument is a tensor autocast would cast and no dtype is
+    given, ask for float32.  (The dispatcher leaves out trailing arguments at their defaults,
+    so an unset dtype may be missing from ``args``.)"""
+    if not (args and _eligible(args[0], device_type)):  # float64, another device: as given
+        return args, kwargs
+    if len(args) > at:
+        if args[at] is None:
+            args = (*args[:at], torch.float32, *args[at + 1 :])
+    elif kwargs.get("dtype") is None:
+        kwargs = {**kwargs, "dtype": torch.float32}
+    return args, kwargs
+
+
 def _autocast(value, device_type: str, dtype: torch.dtype):
     """An argument as autocast hands it to an op: floating tensors on its device in ``dtype``, float64 kept."""
-    if (
+    if _eligible(value, device_type):
+        return value.to(dtype)
+    return value
+
+
+def _eligible(value, device_type: str) -> bool:
+    """Whether autocast casts ``value``: a floating tensor on its device, not float64."""
+    return (
         isinstance(value, torch.Tensor)
         and value.is_floating_point()
         and value.dtype != torch.float64
         and value.device.type == device_type
-    ):
-        return value.to(dtype)
-    return value
+    )
 
 
 # --------------------------------------------------------------------------
@@ -387,7 +424,7 @@ def _autocast(value, device_type: str, dtype: torch.dtype):
 
 GRAD = "grad"  # the incoming gradient (of the op's one result)
 RESULT = "result"  # the op's result, saved for the backward
-_INCOMING, _ARGUMENT, _RESULT, _NEEDS = 0, 1, 2, 3  # tokens, numbered as _native.cpp numbers them
+_INCOMING, _ARGUMENT, _RESULT, _NEEDS, _DTYPE = 0, 1, 2, 3, 4  # tokens, numbered as _native.cpp numbers them
 _NO_GRADIENT, _IS_INCOMING = -2, -1
 
 
@@ -396,12 +433,18 @@ def needs_grad(name: str) -> tuple[str, str]:
     return ("needs_grad", name)
 
 
+def dtype_of(name: str) -> tuple[str, str]:
+    """A backward argument: the dtype of forward tensor argument ``name`` (saved, not the tensor)."""
+    return ("dtype_of", name)
+
+
 def register_formula(op, *, backward=None, arguments=(), gradients: dict[str, Any]) -> None:
     """Declare ``op``'s backward as one call ``backward(*arguments)`` of another tk op
     (both as ``register_op`` returns them).
 
     ``arguments`` lists what that op is called with: ``GRAD``, ``RESULT``, a
-    forward argument by name (saved from the forward), or ``needs_grad(name)``.
+    forward argument by name (saved from the forward), ``needs_grad(name)`` or
+    ``dtype_of(name)``.
     ``gradients`` maps each forward argument that gets a gradient to ``GRAD``
     (the incoming gradient itself) or to the index of the backward op's
     result that is its gradient.  For example, softmax's::
@@ -439,7 +482,7 @@ class Formula:
             if name not in position and name not in (GRAD, RESULT):
                 raise ValueError(f"{schema.name}: the formula names {name!r}, not one of its arguments {names}")
             if isinstance(a, tuple):
-                return _NEEDS, position[name]
+                return (_NEEDS if a[0] == "needs_grad" else _DTYPE), position[name]
             if a == GRAD:
                 return _INCOMING, 0
             return (_RESULT, 0) if a == RESULT else (_ARGUMENT, position[a])
@@ -451,10 +494,12 @@ class Formula:
         self.tensors = [i for kind, i in self.tokens if kind == _ARGUMENT and _is_tensor(schema.arguments[i].type)]
         self.values = [i for kind, i in self.tokens if kind == _ARGUMENT and i not in self.tensors]
         self.saves_result = any(kind == _RESULT for kind, _ in self.tokens)
+        self.dtypes = [i for kind, i in self.tokens if kind == _DTYPE]
 
     def setup_context(self, ctx, inputs, output):
         ctx.save_for_backward(*(inputs[i] for i in self.tensors), *((output,) if self.saves_result else ()))
         ctx.values = {i: inputs[i] for i in self.values}
+        ctx.dtypes = {i: inputs[i].dtype for i in self.dtypes}
 
     def backward(self, ctx, grad):
         saved = ctx.saved_tensors
@@ -465,6 +510,8 @@ class Formula:
                 return grad
             if kind == _RESULT:
                 return saved[-1]
+            if kind == _DTYPE:
+                return ctx.dtypes[i]
             return ctx.needs_input_grad[i] if kind == _NEEDS else kept[i]
 
         results = () if self.backward_op is None else self.backward_op(*(argument(k, i) for k, i in self.tokens))

@@ -110,6 +110,12 @@ def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return lo, hi
 
 
+def _as_dtype(x, dtype=None, fallback=torch.float32):
+    """A body that reads its dtype arguments (and computes with PyTorch: it goes to Python)."""
+    assert isinstance(fallback, torch.dtype) and (dtype is None or isinstance(dtype, torch.dtype)), (dtype, fallback)
+    return x.to(dtype or fallback)
+
+
 def _fallbacks(fn):
     return (lambda keyset, *args, **kwargs: fn(*args, **kwargs)), fn
 
@@ -124,8 +130,8 @@ scaled_body = Body()
 backward_calls = []
 
 
-def _scaled_backward(grad, y, x, scale: float, needs: bool):
-    backward_calls.append((y.clone(), x.clone(), scale, needs))
+def _scaled_backward(grad, y, x, scale: float, needs: bool, x_dtype: torch.dtype):
+    backward_calls.append((y.clone(), x.clone(), scale, needs, x_dtype))
     return grad * scale
 
 
@@ -134,10 +140,10 @@ def _weighted_sum(a, b):
 
 
 def _define_ops_with_formulas():
-    from ops._registry import GRAD, RESULT, Formula, needs_grad
+    from ops._registry import GRAD, RESULT, Formula, dtype_of, needs_grad
 
     _LIB.define("scaled(Tensor x, float scale=2.0) -> Tensor")
-    _LIB.define("scaled_backward(Tensor grad, Tensor y, Tensor x, float scale, bool needs) -> Tensor")
+    _LIB.define("scaled_backward(Tensor grad, Tensor y, Tensor x, float scale, bool needs, ScalarType x_dtype) -> Tensor")
     _LIB.define("weighted_sum(Tensor a, Tensor b) -> Tensor")
     _LIB.define("doubled(Tensor grad) -> Tensor")
     _LIB.impl("scaled_backward", _scaled_backward, "CPU")
@@ -147,7 +153,7 @@ def _define_ops_with_formulas():
     scaled = Formula(
         torch.ops.tk_test.scaled.default,
         torch.ops.tk_test.scaled_backward.default,
-        (GRAD, RESULT, "x", "scale", needs_grad("x")),
+        (GRAD, RESULT, "x", "scale", needs_grad("x"), dtype_of("x")),
         {"x": 0},
     )
     weighted = Formula(
@@ -163,6 +169,8 @@ if native is not None:
     _LIB.define("split(Tensor x) -> (Tensor, Tensor)")
     _native.register("tk_test", "twice", body, *_fallbacks(body), device="cpu")
     _native.register("tk_test", "split", _split, *_fallbacks(_split), device="cpu")
+    _LIB.define("as_dtype(Tensor x, ScalarType? dtype=None, ScalarType fallback=float) -> Tensor")
+    _native.register("tk_test", "as_dtype", _as_dtype, *_fallbacks(_as_dtype), device="cpu")
     _define_ops_with_formulas()
 
 
@@ -310,6 +318,16 @@ def test_errors_keep_their_python_type(hooked):
 
 
 @needs_native
+def test_dtype_arguments_reach_python_as_dtypes(hooked):
+    """A dtype is an int on the dispatcher's stack; the Python kernel gets a torch.dtype."""
+    x = torch.randn(3, requires_grad=True)
+    for args in [(), (torch.float64,), (None, torch.bfloat16), (torch.float16, torch.float64)]:
+        for t in (x, x.detach()):  # the autograd lane and the backend lane
+            expected = args[0] if args and args[0] is not None else (args[1] if len(args) > 1 else torch.float32)
+            assert torch.ops.tk_test.as_dtype(t, *args).dtype == expected
+
+
+@needs_native
 def test_ops_with_several_outputs_replay_each(hooked):
     for _ in range(4):
         x = torch.randn(16)
@@ -342,10 +360,10 @@ def test_a_call_needing_a_gradient_gets_a_cpp_node_that_calls_the_backward_op(ho
     grad = torch.randn(40)
     y.backward(grad)
     torch.testing.assert_close(x.grad, 3.0 * grad, rtol=0, atol=0)
-    (saved_y, saved_x, scale, needs) = backward_calls[-1]
+    (saved_y, saved_x, scale, needs, x_dtype) = backward_calls[-1]
     torch.testing.assert_close(saved_y, y.detach(), rtol=0, atol=0)  # RESULT
     torch.testing.assert_close(saved_x, x.detach(), rtol=0, atol=0)  # the argument x
-    assert (scale, needs) == (3.0, True)
+    assert (scale, needs, x_dtype) == (3.0, True, torch.float32)
 
 
 @needs_native
@@ -449,6 +467,8 @@ def test_formulas_the_node_could_not_run_are_refused_when_declared():
         "gradient 1 is not one of the 1 results of the backward op": ("weighted_sum", "tk_test::doubled", [(0, 0)], [-1, 1]),
         "no op named tk_test::nope": ("weighted_sum", "tk_test::nope", [(0, 0)], [-1, -2]),
         "argument 2 out of range": ("weighted_sum", "", [(1, 2)], [-1, -2]),
+        "argument 5 out of range": ("weighted_sum", "", [(4, 5)], [-1, -2]),  # a dtype_of
+        "unknown token 5": ("weighted_sum", "", [(5, 0)], [-1, -2]),
         "2 gradients for 1 arguments": ("doubled", "", [], [-1, -2]),
     }
     for message, (op, backward, tokens, gradients) in refused.items():
@@ -579,6 +599,7 @@ def test_softmax_rows_held_across_programs_are_replayed_from_cpp():
 # Ops whose backward is a declared formula (register_formula): a call that needs
 # a gradient gets the lane's C++ node.  cross_entropy (two results) keeps a Python formula.
 _WITH_NODES = ["add", "copy", "geglu", "gelu", "gelu_erf", "layer_norm", "matmul", "rms_norm", "softmax", "square", "swiglu"]
+_WITH_NODES += ["softmax_to_float32"]  # its node saves x's dtype: dx comes in it
 
 
 def _floating(a) -> bool:
