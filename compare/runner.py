@@ -287,8 +287,19 @@ def derive(records: list[dict], bound: str, limit: float | None) -> None:
         min(ranked, key=lambda r: r["median_ms"])["best"] = True
 
 
-def _apply_rounding_floor(records: list[dict], expected: list[torch.Tensor], dtype: torch.dtype) -> None:
-    """Raise the tolerance to twice the error of the exact answer rounded to ``dtype``.
+def _result_dtypes(spec, args, dtype: torch.dtype, count: int) -> list[torch.dtype]:
+    """The dtypes PyTorch's reference returns for these inputs (run on meta copies: no work),
+    which may not be the inputs' (softmax_to_float32); ``dtype`` for each where it cannot say."""
+    try:
+        meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+        found = [t.dtype for t in _tensors(spec.reference(*meta))]
+    except Exception:  # noqa: BLE001 - a reference with no meta kernel
+        found = []
+    return found if len(found) == count else [dtype] * count
+
+
+def _apply_rounding_floor(records: list[dict], expected: list[torch.Tensor], dtypes: list[torch.dtype]) -> None:
+    """Raise the tolerance to twice the error of the exact answer rounded to the results' dtypes.
 
     A result of ``dtype`` cannot be closer to the float64 answer than that
     answer's own rounding: float16 softmax rows of 262144 columns hold values
@@ -296,7 +307,7 @@ def _apply_rounding_floor(records: list[dict], expected: list[torch.Tensor], dty
     spec's 2e-3.  Such a case says nothing about the kernels, so no variant is
     marked wrong for it.
     """
-    rounding, _ = errors([e.to(dtype) for e in expected], expected)
+    rounding, _ = errors([e.to(d) for e, d in zip(expected, dtypes, strict=True)], expected)
     for r in records:
         r["rounding_error"] = rounding
         if r["tolerance"] is not None and math.isfinite(rounding):
@@ -331,7 +342,7 @@ def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, p
         _free(device)
         return [c.record for c in cases]
 
-    _apply_rounding_floor([c.record for c in cases], expected, dtype)
+    _apply_rounding_floor([c.record for c in cases], expected, _result_dtypes(spec, args, dtype, len(expected)))
     if any(v.compiled for v in variants):
         torch._dynamo.reset()  # a fresh compile per shape: no dynamic shapes, no reused autotune result
     pristine = _snapshot(args, device)

@@ -52,13 +52,15 @@ import triton.language as tl
 from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
-    FLOAT32,
+    FLOAT32_RESULT,
+    FLOAT_DTYPES,
     GRAD,
     RESULT,
     SPECS,
     OpSpec,
     check_same,
     check_tensor,
+    dtype_of,
     follow_autocast,
     launcher,
     launching_directly,
@@ -861,8 +863,10 @@ def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: tor
     return n_segments, cdiv(n_rows, rounds)
 
 
-def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
-    """`count` (n_rows, n_segments) scratch tensors for partials: float64 for float64 rows, else float32."""
+def _scratch_partials(first_input: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
+    """`count` (n_rows, n_segments) scratch tensors for partials, in the dtype the
+    kernels compute in: float64 for float64 inputs, else float32."""
+    like = first_input
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
@@ -909,12 +913,17 @@ def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags)
 
 def _staged_setup(kernels: _Kernels, tensors, n_cols: int, inner: int) -> _Cooperative | None:
     """The Gluon forward's setup where it applies: an eager launch (torch.compile traces Triton kernels
-    only) of 16-bit rows on Hopper or newer, rows along the last dim, every row start 16-byte aligned."""
-    like = tensors[-1]
-    if kernels is not _FORWARD or like.device.type != "cuda" or not launching_directly():
+    only) of 16-bit rows on Hopper or newer, rows along the last dim, every row start 16-byte aligned.
+    Keyed by x's element size: what it stages in shared memory.  A float32 y of a 16-bit x takes it
+    too, each thread's VEC elements 16 bytes of y (8-byte copies of x): 88-93% of a same-size copy
+    against the lagged Triton kernel's 79-82; 16 bytes of x (32 of y) fell to 62-70 (perf notes, version 24)."""
+    if kernels is not _FORWARD:
         return None
-    setup = _STAGED_FORWARD.get(like.element_size())
-    if setup is None or inner != 1 or n_cols % 16 or cuda_capability(like.device.index)[0] < 9:
+    x, y = tensors
+    if y.device.type != "cuda" or not launching_directly():
+        return None
+    setup = _STAGED_FORWARD.get(x.element_size())
+    if setup is None or inner != 1 or n_cols % 16 or cuda_capability(y.device.index)[0] < 9:
         return None
     return setup if all(t.data_ptr() % 16 == 0 for t in tensors) else None
 
@@ -926,8 +935,13 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, _unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=_STAGES,
-        VEC=16 // y.element_size(), num_warps=setup.warps, maxnreg=setup.registers,
+        VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers,
     )
+
+
+def _widest(tensors) -> int:
+    """The largest element size among a launch's tensors, which picks its on-chip setup."""
+    return max(t.element_size() for t in tensors)
 
 
 def _segment_len(setup: _Cooperative, kind: str) -> int:
@@ -935,7 +949,10 @@ def _segment_len(setup: _Cooperative, kind: str) -> int:
 
 
 def _launch(kernels: _Kernels, tensors, n_cols, inner):
-    """Launch the design that fits the row length and count; tensors: inputs..., output."""
+    """Launch the design that fits the row length and count; tensors: inputs..., output.
+
+    The output's dtype may differ from the inputs' (a 16-bit x with a float32
+    y, see _softmax); the on-chip setups are then those of the widest."""
     like = tensors[-1]
     n_rows = like.numel() // n_cols
     kind = _kind(like.device)
@@ -943,7 +960,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     flags = {"NATIVE_16BIT": kind == "cuda"} if kernels is _BACKWARD else {}  # see _rounded_product
     if block <= _MAX_BLOCK[kind]:
         return _run_rows(kernels.single, tensors, n_rows, n_cols, inner, block, **flags)
-    setup = kernels.cooperative.get(like.element_size())
+    setup = kernels.cooperative.get(_widest(tensors))
     plan = _cooperative_plan(setup, n_rows, n_cols, like.device) if setup is not None else None
     if plan is not None:
         staged = _staged_setup(kernels, tensors, n_cols, inner)
@@ -955,7 +972,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     if n_segments == 1:
         return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])
     # Split rows: pass 1 writes one partial per (row, segment); pass 2 combines a row's partials.
-    partials = _scratch_partials(like, n_rows, n_segments, kernels.n_partials)
+    partials = _scratch_partials(tensors[0], n_rows, n_segments, kernels.n_partials)
     grid, sizes = (n_rows, n_segments), (n_cols, inner, segment_len)
     _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind])
     segments_block = next_power_of_2(n_segments)
@@ -1008,12 +1025,34 @@ def _prod(sizes) -> int:
     return out
 
 
-def _softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def _result_dtype(op: str, arg: str, given: torch.dtype | None, default: torch.dtype) -> torch.dtype:
+    if given is None:
+        return default
+    if given not in FLOAT_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
+        raise TypeError(f"tk.{op}: {arg} {str(given).replace('torch.', '')} is not a floating dtype; supported: {names}")
+    return given
+
+
+def _read_as_float32(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether softmax(x, dtype=dtype) can read x as it is: a 16-bit x widened to float32.
+    The kernels compute 16-bit rows in float32, so casting x first (torch.softmax's
+    definition of `dtype`) would give the same bits at 8 more bytes an element."""
+    return dtype == torch.float32 and x_dtype in (torch.float16, torch.bfloat16)
+
+
+def _softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """As torch.softmax(x, dim, dtype): with `dtype`, x is cast to it first and y comes in it.
+    A 16-bit x with dtype float32, what autocast asks for on CUDA and what attention
+    code writes, is read as it is and y written in float32: 6 bytes an element."""
     check_tensor("softmax", "x", x)
     dim = _normalize_dim("softmax", x, dim)
     _check_row_count("softmax", x, dim)
+    dtype = _result_dtype("softmax", "dtype", dtype, x.dtype)
+    if dtype != x.dtype and not _read_as_float32(x.dtype, dtype):
+        x = x.to(dtype)
     x = x.contiguous()  # the (outer, n_cols, inner) view needs the standard layout
-    y = torch.empty_like(x)
+    y = torch.empty_like(x, dtype=dtype)
     if x.numel() == 0:
         return y
     n_cols, inner = _cols_and_inner(x, dim)
@@ -1021,7 +1060,9 @@ def _softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return y
 
 
-def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int, input_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """dx for y = softmax(x, dim); dx comes in `input_dtype`, x's dtype (y's if None), which
+    differs from y's when the forward was given a dtype: float32 grad and y give a bfloat16 dx."""
     check_tensor("softmax_backward", "grad", grad)
     check_tensor("softmax_backward", "y", y)
     check_same("softmax_backward", {"grad": grad, "y": y})
@@ -1029,8 +1070,9 @@ def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Te
         raise ValueError(f"tk.softmax_backward: grad has shape {tuple(grad.shape)} but y has {tuple(y.shape)}")
     dim = _normalize_dim("softmax_backward", y, dim)
     _check_row_count("softmax_backward", y, dim)
+    input_dtype = _result_dtype("softmax_backward", "input_dtype", input_dtype, y.dtype)
     grad, y = grad.contiguous(), y.contiguous()
-    dx = torch.empty_like(y)
+    dx = torch.empty_like(y, dtype=input_dtype)
     if y.numel() == 0:
         return dx
     n_cols, inner = _cols_and_inner(y, dim)
@@ -1040,12 +1082,15 @@ def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Te
 
 softmax = register_op("softmax", _softmax)
 softmax_backward = register_op("softmax_backward", _softmax_backward)
-# Under autocast, as torch.softmax: float32 on CUDA, inputs as they come on the CPU.
-follow_autocast("softmax", {"cuda": FLOAT32})
+# Under autocast, as torch.softmax: on CUDA an unset dtype becomes float32 (x is
+# read as it comes, y is float32); on the CPU nothing changes.
+follow_autocast("softmax", {"cuda": FLOAT32_RESULT})
 
 
-# dx = y * (dy - sum(dy * y)): the backward reads the result y, not x.
-register_formula(softmax, backward=softmax_backward, arguments=(GRAD, RESULT, "dim"), gradients={"x": 0})
+# dx = y * (dy - sum(dy * y)): the backward reads the result y, not x, and x's dtype.
+register_formula(
+    softmax, backward=softmax_backward, arguments=(GRAD, RESULT, "dim", dtype_of("x")), gradients={"x": 0}
+)
 
 
 # --------------------------------------------------------------------------
@@ -1073,6 +1118,26 @@ register_spec(
             "cpu": [(64, 1000), (4, 70_001)],
         },
         peers={"liger": _liger_softmax},
+    )
+)
+
+
+# 16-bit rows in, float32 softmax out, as torch.softmax(x, -1, dtype=torch.float32):
+# what autocast runs on CUDA and what attention code writes to keep its weights
+# accurate.  tk reads x as it is (6 bytes an element); eager PyTorch casts a
+# bfloat16 x to float32 first (14), and fuses only float16 (half_to_float).
+register_spec(
+    OpSpec(
+        name="softmax_to_float32",
+        tk=lambda x: torch.ops.tk.softmax(x, -1, torch.float32),
+        reference=lambda x: torch.softmax(x, -1, dtype=torch.float32),
+        reference64=lambda x: torch.softmax(x, -1),  # float64 inputs: the float64 softmax, not a float32 one
+        make_inputs=SPECS["softmax"].make_inputs,
+        bytes_moved=lambda shape, dtype: _prod(shape) * (torch.empty((), dtype=dtype).element_size() + 4),
+        flops=SPECS["softmax"].flops,
+        tolerance={torch.float16: 1e-5, torch.bfloat16: 1e-5},  # the float32 result's
+        shapes=SPECS["softmax"].shapes,
+        dtypes=(torch.bfloat16, torch.float16),
     )
 )
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ops
 from compare import capture, cli
@@ -125,7 +126,8 @@ def test_capture_every_op_on_cpu(captured, op):
     # "compile" selects every default-mode compiled variant: of the reference and of each composition.
     assert sorted(e["variant"] for e in index["generated"]) == sorted(v.name for v in select(all_variants(spec), ["compile"]))
     entry = next(e for e in index["generated"] if e["variant"] == "compile")
-    assert (entry["dtype"], entry["shape_label"]) == ("float32", shape_label)
+    (dtype,) = cli.default_dtypes(spec, torch.device("cpu"))  # float32 where the op takes it
+    assert (entry["dtype"], entry["shape_label"]) == (str(dtype).replace("torch.", ""), shape_label)
     assert entry["error"] is None and entry["modules"][0]["source"] in ("log", "cached module file")
     folder = op_dir / entry["folder"]
     code = (folder / "output_code.py").read_text()

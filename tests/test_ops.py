@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, DTYPES, assert_close, leaf64, pytorch_gelu, rel_error, strided_versions
+from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, pytorch_gelu, rel_error, strided_versions
 
 from ops import gelu as gelu_ops  # the modules, for their design constants
 from ops import matmul as matmul_ops
@@ -178,6 +178,102 @@ def test_softmax_gradcheck():
 def test_softmax_of_empty(device):
     for shape in [(0, 5), (5, 0), (0,)]:
         assert torch.ops.tk.softmax(torch.empty(shape, device=device), -1).shape == shape
+
+
+# ------------------------------------------------ softmax with a dtype argument
+#
+# torch.softmax(x, dim, dtype) casts x to dtype first and computes in it.  tk
+# does the same, except for a 16-bit x with dtype float32 (what autocast runs
+# on CUDA): the kernels read x as it is, which gives the same numbers, and the
+# backward writes dx in x's dtype from float32 grad and y.
+
+
+def check_softmax_with_dtype(softmax, x, dim, dtype, scale=2.0):
+    """softmax(x, dim, dtype) and its gradient against float64 of the same definition:
+    dtypes as torch.softmax gives them, values within the tolerance of the narrower dtype."""
+    want = torch.softmax(torch.empty(0, dtype=x.dtype), -1, dtype=dtype).dtype
+    narrower = max((x.dtype, want), key=TOLERANCE.get)
+    x_tk = x.clone().requires_grad_()
+    y = softmax(x_tk, dim, dtype)
+    assert y.dtype == want
+    x64 = leaf64(x.to(want))  # the values softmax works on, as float64
+    y64 = torch.softmax(x64, dim)
+    assert_close(y, y64, want)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    y64.backward(grad.double())
+    assert x_tk.grad.dtype == x.dtype
+    assert rel_error(x_tk.grad, x64.grad) <= scale * TOLERANCE[narrower], narrower
+
+
+WITH_DTYPE = [  # x's dtype, the dtype asked for
+    (torch.bfloat16, torch.float32),  # read as it is
+    (torch.float16, torch.float32),  # read as it is
+    (torch.float32, torch.bfloat16),  # cast first, as torch.softmax
+    (torch.bfloat16, torch.float16),
+    (torch.float16, torch.float64),
+    (torch.float32, torch.float32),  # the dtype x has: as without one
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype, dtype", WITH_DTYPE)
+def test_softmax_with_a_dtype_matches_float64(device, x_dtype, dtype):
+    cases = pick(
+        device,
+        [((37, 129), -1), ((5, 7, 11), 1), ((2, 70_001), -1)],
+        [((1024, 16384), -1), ((65, 3001, 7), 1), ((300, 70_001), -1), ((3, (1 << 20) + 3), -1)],
+    )
+    for shape, dim in cases:
+        x = (4 * torch.randn(shape, device=device)).to(x_dtype)
+        for layout, view in strided_versions(x):
+            if layout == "contiguous" or shape[0] < 100:
+                check_softmax_with_dtype(torch.ops.tk.softmax, view, dim, dtype)
+
+
+def test_softmax_reads_a_16bit_x_as_it_is_for_a_float32_result():
+    """No float32 copy of x: the kernels get the 16-bit x and a float32 y."""
+    seen = []
+    launch = softmax_ops._launch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(softmax_ops, "_launch", lambda kernels, tensors, *a: (seen.append(tensors), launch(kernels, tensors, *a)))
+        x = torch.randn(3, 40, dtype=torch.bfloat16)
+        y = torch.ops.tk.softmax(x, -1, torch.float32)
+        torch.ops.tk.softmax(x.float(), -1, torch.bfloat16)
+    assert [t.dtype for t in seen[0]] == [torch.bfloat16, torch.float32] and seen[0][0].data_ptr() == x.data_ptr()
+    assert [t.dtype for t in seen[1]] == [torch.bfloat16, torch.bfloat16]  # float32 x: cast first
+    torch.testing.assert_close(y, torch.softmax(x, -1, dtype=torch.float32), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("x_dtype, dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float16)])
+def test_softmax_with_a_dtype_in_every_design(small_blocks, launched, monkeypatch, x_dtype, dtype):
+    """Every design writes its result in a dtype other than its inputs'.  Rows held on chip take
+    the setup of the widest dtype: a 16-bit x with a float32 y, the float32 kernels both ways."""
+    held = "lagged" if dtype == torch.float32 else "cooperative"  # a float32 x is cast to float16 first
+    for shape, design in [((37, 10), "single"), ((9, 70), "looped"), ((3, 120), "split"), ((5, 100), held)]:
+        monkeypatch.setitem(softmax_ops._COOPERATIVE_ROWS, "cpu", design == held)
+        launched.clear()
+        check_softmax_with_dtype(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(x_dtype), -1, dtype)
+        assert launched == DESIGN_KERNELS[design], (shape, launched)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_with_a_dtype_of_empty_and_under_compile(device):
+    for shape in [(0, 5), (5, 0)]:
+        y = torch.ops.tk.softmax(torch.empty(shape, device=device, dtype=torch.bfloat16), -1, torch.float32)
+        assert y.shape == shape and y.dtype == torch.float32
+    compiled = torch.compile(lambda t: torch.ops.tk.softmax(t, -1, dtype=torch.float32), fullgraph=True)
+    torch._dynamo.reset()
+    x = (4 * torch.randn(pick(device, 4, 512), pick(device, 300, 70_001), device=device)).to(torch.bfloat16)
+    check_softmax_with_dtype(lambda t, dim, dtype: compiled(t), x, -1, torch.float32)
+
+
+def test_softmax_with_a_dtype_passes_opcheck():
+    for x, dtype in [(torch.randn(5, 33, dtype=torch.float16), torch.float32), (torch.randn(4, 9), torch.bfloat16)]:
+        torch.library.opcheck(torch.ops.tk.softmax.default, (x, -1, dtype))
+        torch.library.opcheck(torch.ops.tk.softmax.default, (x.requires_grad_(), 0, dtype))
+    grad, y = torch.randn(3, 20), torch.softmax(torch.randn(3, 20), -1)
+    torch.library.opcheck(torch.ops.tk.softmax_backward.default, (grad, y, -1, torch.bfloat16))
 
 
 # ---------------------------------------------------- softmax: split rows
@@ -559,6 +655,25 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
     assert launched[:1] == DESIGN_KERNELS[held_design(dtype)][:1], launched
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_softmax_float32_result_of_long_16bit_rows_on_the_gpu(launched, monkeypatch, x_dtype):
+    """A 16-bit x with a float32 y, rows held across programs: the Gluon forward where the rows are
+    aligned (it stages x), the lagged float32 kernels elsewhere and in every backward; values
+    against float64, and the same bits when no program waits."""
+    staged = staged_forward_here()
+    for shape, aligned in [((500, 40000), True), ((64, 1 << 20), True), ((300, 70001), False)]:
+        launched.clear()
+        x = (4 * torch.randn(shape, device="cuda")).to(x_dtype)
+        check_softmax_with_dtype(torch.ops.tk.softmax, x, -1, torch.float32)
+        forward = "staged" if aligned and staged else "lagged"
+        assert launched == [DESIGN_KERNELS[forward][0], DESIGN_KERNELS["lagged"][1]], (shape, launched)
+        y = torch.ops.tk.softmax(x, -1, torch.float32)
+        with monkeypatch.context() as patch:
+            patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
+            assert torch.equal(torch.ops.tk.softmax(x, -1, torch.float32), y)
+
+
 class _FakeCudaTensor:
     """What _staged_setup reads of a tensor, without a GPU."""
 
@@ -582,11 +697,14 @@ def test_softmax_staged_forward_rule(monkeypatch):
     monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (9, 0))
     forward, backward = softmax_ops._FORWARD, softmax_ops._BACKWARD
 
-    def setup(kernels=forward, n_cols=65536, inner=1, size=2, offset=0):
-        return softmax_ops._staged_setup(kernels, (_FakeCudaTensor(size, offset), _FakeCudaTensor(size)), n_cols, inner)
+    def setup(kernels=forward, n_cols=65536, inner=1, size=2, offset=0, y_size=None):
+        tensors = (_FakeCudaTensor(size, offset), _FakeCudaTensor(y_size or size))
+        return softmax_ops._staged_setup(kernels, (*tensors[:1], *tensors) if kernels is backward else tensors, n_cols, inner)
 
     assert setup() is softmax_ops._STAGED_FORWARD[2]
+    assert setup(y_size=4) is softmax_ops._STAGED_FORWARD[2]  # a float32 result of a 16-bit x: staged too
     assert setup(size=4) is None  # float32: the lagged Triton kernel
+    assert setup(size=4, y_size=2) is None  # (a float32 x is cast to a 16-bit dtype first: never launched)
     assert setup(size=8) is None  # float64
     assert setup(kernels=backward) is None
     assert setup(inner=3) is None  # softmax along a dim other than the last
