@@ -51,7 +51,7 @@ import triton.language as tl
 from ._device import kind as _kind
 from ._launch import next_power_of_2
 from ._registry import (
-    FLOAT32,
+    FLOAT32_RESULT,
     NAMESPACE,
     OpSpec,
     check_tensor,
@@ -306,6 +306,17 @@ def _check_logits_and_target(op: str, logits, target, logits_ndims=(2,)) -> None
         raise ValueError(f"tk.{op}: logits has shape {tuple(logits.shape)}: there must be at least one class")
 
 
+def _loss_dtype(op: str, logits: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The loss's dtype: `dtype`, or the logits'.  16-bit logits with dtype float32 give
+    what F.cross_entropy of float32 logits gives (the kernels compute in float32 either
+    way), without a float32 copy of the logits: what autocast asks for."""
+    if dtype is None:
+        return logits.dtype
+    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise TypeError(f"tk.{op}: dtype {str(dtype).replace('torch.', '')} is not a floating dtype for the loss")
+    return dtype
+
+
 def _rows_view(logits: torch.Tensor) -> torch.Tensor:
     """logits with unit column stride (a row-sliced view, such as a padded
     vocabulary cut to C columns, is kept as it is; other layouts are copied)."""
@@ -318,19 +329,25 @@ def _rows_view(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _cross_entropy_forward(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, label_smoothing: float
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_logits_and_target("cross_entropy_forward", logits, target)
     _check_options("cross_entropy_forward", reduction, label_smoothing)
+    loss_dtype = _loss_dtype("cross_entropy_forward", logits, dtype)
     logits, target = _rows_view(logits), target.contiguous()
     n_rows, n_cols = logits.shape
     device = logits.device
     compute = _compute_dtype(logits.dtype)
     lse = torch.empty(n_rows, dtype=compute, device=device)
     if reduction == "none":
-        loss = row_loss = torch.empty(n_rows, dtype=logits.dtype, device=device)
+        loss = row_loss = torch.empty(n_rows, dtype=loss_dtype, device=device)
     else:  # row losses kept in the compute dtype, then reduced to one scalar
-        loss = torch.empty((), dtype=logits.dtype, device=device)
+        loss = torch.empty((), dtype=loss_dtype, device=device)
         row_loss = torch.empty(n_rows, dtype=compute, device=device)
     if n_rows > 0:
         block, warps = _chunk(n_cols, device)
@@ -393,7 +410,7 @@ cross_entropy_backward = register_op("cross_entropy_backward", _cross_entropy_ba
 
 
 def _setup_context(ctx, inputs, output):
-    logits, target, ignore_index, reduction, label_smoothing = inputs
+    logits, target, ignore_index, reduction, label_smoothing, _ = inputs
     _, lse = output
     ctx.save_for_backward(logits, target, lse)
     ctx.mark_non_differentiable(lse)  # an internal by-product: no gradient flows through it
@@ -405,7 +422,7 @@ def _backward(ctx, grad_loss, grad_lse):
     dlogits = None
     if ctx.needs_input_grad[0]:
         dlogits = torch.ops.tk.cross_entropy_backward(grad_loss, logits, target, lse, *ctx.options)
-    return dlogits, None, None, None, None  # an integer target has no gradient
+    return dlogits, None, None, None, None, None  # an integer target has no gradient
 
 
 cross_entropy_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -418,7 +435,7 @@ cross_entropy_forward.register_autograd(_backward, setup_context=_setup_context)
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _LIBRARY.define(
     "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', "
-    "float label_smoothing=0.0) -> Tensor"
+    "float label_smoothing=0.0, ScalarType? dtype=None) -> Tensor"
 )
 
 
@@ -428,23 +445,29 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``F.cross_entropy(logits, target, ignore_index=, reduction=, label_smoothing=)``
-    for (N, C) logits with (N,) targets, or unbatched (C,) logits with a 0-d target."""
+    for (N, C) logits with (N,) targets, or unbatched (C,) logits with a 0-d target.
+    ``dtype``: the loss's (the logits' if None), see _loss_dtype."""
     _check_logits_and_target("cross_entropy", logits, target, logits_ndims=(1, 2))
     _check_options("cross_entropy", reduction, label_smoothing)
+    _loss_dtype("cross_entropy", logits, dtype)
+    options = (ignore_index, reduction, label_smoothing, dtype)
     if logits.dim() == 1:  # unbatched: a batch of one row
-        loss, _ = torch.ops.tk.cross_entropy_forward(
-            logits.unsqueeze(0), target.unsqueeze(0), ignore_index, reduction, label_smoothing
-        )
+        loss, _ = torch.ops.tk.cross_entropy_forward(logits.unsqueeze(0), target.unsqueeze(0), *options)
         return loss.squeeze(0) if reduction == "none" else loss
-    loss, _ = torch.ops.tk.cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing)
+    loss, _ = torch.ops.tk.cross_entropy_forward(logits, target, *options)
     return loss
 
 
 _LIBRARY.impl("cross_entropy", cross_entropy, "CompositeImplicitAutograd")
-# Under autocast, as F.cross_entropy on either device: logits in float32.
-follow_autocast("cross_entropy", {"cuda": FLOAT32, "cpu": FLOAT32})
+# Under autocast, F.cross_entropy casts the logits to float32 on either device.
+# tk asks for a float32 loss instead, which gives the same numbers: the kernels
+# read 16-bit logits as they are and compute in float32 anyway, so the float32
+# copy PyTorch makes (6 bytes an element, 4 of them kept for the backward: 4 GB
+# at 8192x128256) is never made, and the gradient comes back in the logits' dtype.
+follow_autocast("cross_entropy", {"cuda": FLOAT32_RESULT, "cpu": FLOAT32_RESULT})
 
 
 # --------------------------------------------------------------------------

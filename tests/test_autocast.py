@@ -8,13 +8,14 @@ an op between its lists fails this test rather than leaving tk behind.
 
 import pytest
 import torch
+import torch.nn.functional as F
 from reference import DEVICES, TOLERANCE, rel_error
 from test_model import CPU_CASE, CUDA_CASE, assert_as_accurate, loss_and_grads, make_batch, make_model
 
 import ops  # noqa: F401
 from examples.gpt_block import TK_OPS, TORCH_OPS
 from ops import _native
-from ops._registry import FLOAT32, LOWER_PRECISION, SPECS, _autocast_kernel, autocast_key, follow_autocast
+from ops._registry import FLOAT32, FLOAT32_RESULT, LOWER_PRECISION, SPECS, _autocast_kernel, autocast_key, follow_autocast
 
 AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -119,6 +120,60 @@ def test_compiled_under_autocast_matches_eager(device):
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown autocast policy 'float8' for cpu"):
         follow_autocast("gelu", {"cpu": "float8"})
+    with pytest.raises(ValueError, match="policy 'float32_result' needs a `dtype` argument"):
+        follow_autocast("gelu", {"cpu": FLOAT32_RESULT})
+
+
+@pytest.mark.gpu
+def test_cross_entropy_under_autocast_makes_no_float32_copy_of_the_logits():
+    """F.cross_entropy under autocast casts the logits to float32 (kept for its backward too);
+    tk asks for a float32 loss instead: the same loss and a bfloat16 gradient, and no copy."""
+    logits = torch.randn(4096, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 32000, (4096,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        torch.ops.tk.cross_entropy(logits, target)  # warm
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = torch.ops.tk.cross_entropy(logits, target)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - before < logits.numel(), "the logits were copied"
+        want = F.cross_entropy(logits, target)
+    assert loss.dtype == want.dtype == torch.float32
+    (dlogits,) = torch.autograd.grad(loss, logits)
+    (want_grad,) = torch.autograd.grad(want, logits)
+    assert dlogits.dtype == want_grad.dtype == torch.bfloat16
+    x64 = logits.detach().double().requires_grad_()
+    loss64 = F.cross_entropy(x64, target)
+    loss64.backward()
+    assert abs(loss.double() - loss64).item() <= 1e-6 * abs(loss64).item()
+    assert rel_error(dlogits, x64.grad) <= rel_error(want_grad, x64.grad) * 1.01 + 1e-6
+
+
+@pytest.mark.gpu
+def test_softmax_under_autocast_reads_a_16bit_x_without_a_float32_copy():
+    """As torch.softmax on CUDA: autocast asks for a float32 result, and x is read as it is.
+    A cast first would allocate a float32 copy of x as large as y."""
+    x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        torch.ops.tk.softmax(x, -1)  # warm: the native lane records its first calls
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y = torch.ops.tk.softmax(x, -1)
+        torch.cuda.synchronize()
+        grown = torch.cuda.max_memory_allocated() - before
+    assert grown < 2 * y.numel() * 4, f"x was copied to float32 first: {grown} bytes allocated for y"
+    assert y.dtype == torch.softmax(x, -1, dtype=torch.float32).dtype == torch.float32
+    torch.testing.assert_close(y, torch.softmax(x, -1, dtype=torch.float32))
+    x.requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = torch.ops.tk.softmax(x, -1)
+    grad = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, grad)
+    x64 = x.detach().double().requires_grad_()
+    (dx64,) = torch.autograd.grad(torch.softmax(x64, -1), x64, grad.double())
+    assert dx.dtype == torch.bfloat16 and rel_error(dx, dx64) <= TOLERANCE[torch.bfloat16]
 
 
 # ------------------------------------------------- the casts made in C++ on CUDA
@@ -135,6 +190,19 @@ def seen_ops():
         pytest.skip("the native lane is not built on this machine")
     lib = torch.library.Library("tk_autocast_test", "DEF")
     seen = []
+    for name in ("python_result", "native_result"):  # FLOAT32_RESULT: a dtype argument, set or not
+        lib.define(f"{name}(Tensor a, Tensor? b, ScalarType? dtype=None) -> Tensor")
+
+        def record_dtype(a, b, dtype=None):
+            seen.append((a.dtype, None if b is None else b.dtype, dtype))
+            return a.clone()
+
+        lib.impl(name, record_dtype, "CPU")
+        if name.startswith("native"):
+            native.register_autocast("tk_autocast_test", name, "cpu", FLOAT32_RESULT)
+        else:
+            op = getattr(torch.ops.tk_autocast_test, name).default
+            lib.impl(name, _autocast_kernel(op, "cpu", FLOAT32_RESULT), autocast_key("cpu"), with_keyset=True)
     for name in ("python_lower", "native_lower", "python_float32", "native_float32"):
         lib.define(f"{name}(Tensor a, Tensor? b, Tensor c) -> Tensor")
 
@@ -146,7 +214,7 @@ def seen_ops():
         op = getattr(torch.ops.tk_autocast_test, name).default
         policy = FLOAT32 if name.endswith("float32") else LOWER_PRECISION
         if name.startswith("native"):
-            native.register_autocast("tk_autocast_test", name, "cpu", policy == FLOAT32)
+            native.register_autocast("tk_autocast_test", name, "cpu", policy)
         else:
             lib.impl(name, _autocast_kernel(op, "cpu", policy), autocast_key("cpu"), with_keyset=True)
     yield seen, lib
@@ -181,6 +249,33 @@ def test_the_native_casts_are_the_python_ones(seen_ops, policy, autocast_dtype):
             return cast if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
 
         assert got["native"][0] == tuple(map(expected, (a, b, c)))
+
+
+@pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
+def test_a_float32_result_is_asked_for_as_pytorch_asks_for_it(seen_ops, autocast_dtype):
+    """FLOAT32_RESULT (torch.softmax on CUDA): inputs as they come; an unset dtype becomes
+    float32 when the first input is a floating tensor autocast would cast; a given one stays."""
+    seen, _ = seen_ops
+    bf16, half, f64 = (torch.randn(3, dtype=d) for d in (torch.bfloat16, torch.float16, torch.float64))
+    cases = [  # args, kwargs, what the op is expected to receive
+        ((bf16, None), {}, (torch.bfloat16, None, torch.float32)),
+        ((bf16.float(), half), {}, (torch.float32, torch.float16, torch.float32)),
+        ((half, None, None), {}, (torch.float16, None, torch.float32)),
+        ((bf16, None), {"dtype": torch.float16}, (torch.bfloat16, None, torch.float16)),
+        ((bf16, None, torch.float64), {}, (torch.bfloat16, None, torch.float64)),
+        ((f64, None), {}, (torch.float64, None, None)),  # float64: as given
+        ((torch.arange(3), None), {}, (torch.int64, None, None)),  # not floating: as given
+    ]
+    for lane in ("python", "native"):
+        op = getattr(torch.ops.tk_autocast_test, f"{lane}_result")
+        for args, kwargs, expected in cases:
+            seen.clear()
+            with torch.autocast("cpu", dtype=autocast_dtype):
+                op(*args, **kwargs)
+            assert seen == [expected], (lane, args, kwargs)
+            seen.clear()
+            op(*args, **kwargs)  # autocast off: as given
+            assert seen[0][2] == kwargs.get("dtype", args[2] if len(args) > 2 else None)
 
 
 def test_a_device_type_autocast_does_not_know_is_refused():

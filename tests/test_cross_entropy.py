@@ -318,6 +318,36 @@ def test_gradcheck(reduction, smoothing):
     assert torch.autograd.gradcheck(loss, (x,), fast_mode=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_a_float32_loss_of_16bit_logits_is_that_of_float32_logits(device, dtype, reduction):
+    """dtype=torch.float32 (what autocast asks for): the loss of the 16-bit logits as they are,
+    to float32 accuracy, as F.cross_entropy of a float32 copy gives it; the gradient in their dtype."""
+    for n_rows, n_cols in pick(device, [(7, 7), (3, 70_001)], [(4099, 7), (512, 128256)]):
+        logits, target = make_case(n_rows, n_cols, device, dtype)
+        for smoothing in SMOOTHINGS:
+            options = {"reduction": reduction, "label_smoothing": smoothing}
+            grad = torch.randn(n_rows if reduction == "none" else (), device=device)
+            loss, dlogits = tk_loss_and_grad(logits, target, grad, dtype=torch.float32, **options)
+            ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, **options)
+            assert_close(loss, ref_loss, torch.float32, scale=2)
+            # As PyTorch's gradient through a float32 copy, rounded back to the logits' dtype
+            # (float16 gradients of a mean over many rows are subnormal: see test_gradients_match_float64).
+            torch_err = rel_error(pytorch_grad(logits.float(), target, grad, reduction, smoothing).to(dtype), ref_grad)
+            assert_close(dlogits, ref_grad, dtype, scale=max(2, 2 * torch_err / TOLERANCE[dtype]))
+            unasked = torch.ops.tk.cross_entropy(logits, target, **options)  # the logits' dtype
+            assert unasked.dtype == dtype and rel_error(loss, ref_loss) < rel_error(unasked, ref_loss) + 1e-7
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_loss_dtype_of_float32_and_float64_logits(device):
+    logits, target = make_case(9, 33, device, torch.float64)
+    loss = torch.ops.tk.cross_entropy(logits, target, dtype=torch.float32)  # computed in float64, delivered in float32
+    assert loss.dtype == torch.float32 and abs(loss.double() - reference(logits, target)) <= 1e-7 * abs(loss)
+    assert torch.ops.tk.cross_entropy(logits.float(), target, dtype=torch.float32).dtype == torch.float32
+
+
 def test_second_derivative_is_refused():
     """The backward op has no backward of its own: a clear error, not a wrong answer."""
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
@@ -362,6 +392,8 @@ def opcheck_cases(device):
         (torch.ops.tk.cross_entropy.default, (logits(5, 7), target), {}),
         (torch.ops.tk.cross_entropy.default, (logits(5, 7), target, -100, "none", 0.1), {}),
         (torch.ops.tk.cross_entropy.default, (logits(7), target[0]), {"reduction": "sum"}),
+        (torch.ops.tk.cross_entropy.default, (logits(5, 7, dtype=torch.bfloat16), target), {"dtype": torch.float32}),
+        (torch.ops.tk.cross_entropy_forward.default, (logits(5, 7, dtype=torch.float16), target, -100, "none", 0.1, torch.float32), {}),
         (torch.ops.tk.cross_entropy_forward.default, (logits(5, 7), target, -100, "mean", 0.0), {}),
         (torch.ops.tk.cross_entropy_forward.default, (logits(5, 7, dtype=torch.bfloat16), target_ignoring_0, 0, "none", 0.2), {}),
         (torch.ops.tk.cross_entropy_forward.default, (logits(7, 5).t(), target, -100, "sum", 0.1), {}),
@@ -394,6 +426,7 @@ ERROR_CASES = [
     ("0-D logits", lambda: ce(torch.tensor(1.0), labels()), ValueError, r"logits must be \(C,\) or \(N, C\)"),
     ("target shape", lambda: ce(ones(3, 4), labels(4)), ValueError, r"target has shape \(4,\); logits of shape \(3, 4\) need"),
     ("no classes", lambda: ce(ones(3, 0), labels(3)), ValueError, "at least one class"),
+    ("int loss dtype", lambda: ce(ones(3, 4), labels(3), dtype=torch.int64), TypeError, "dtype int64 is not a floating dtype"),
     ("reduction", lambda: ce(ones(3, 4), labels(3), reduction="avg"), ValueError, "reduction must be 'none', 'mean' or 'sum'"),
     ("smoothing > 1", lambda: ce(ones(3, 4), labels(3), label_smoothing=1.5), ValueError, "label_smoothing must be between"),
     ("smoothing < 0", lambda: ce(ones(3, 4), labels(3), label_smoothing=-0.1), ValueError, "label_smoothing must be between"),
