@@ -450,7 +450,7 @@ def register_formula(op, *, backward=None, arguments=(), gradients: dict[str, An
     result that is its gradient.  For example, softmax's::
 
         register_formula(softmax, backward=softmax_backward,
-                         arguments=(GRAD, RESULT, "dim"), gradients={"x": 0})
+                         arguments=(GRAD, RESULT, "dim", dtype_of("x")), gradients={"x": 0})
 
     One declaration serves both paths.  It registers the same formula in
     Python through ``op.register_autograd`` (traced calls, the CPU), and on

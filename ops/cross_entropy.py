@@ -52,6 +52,7 @@ from ._device import kind as _kind
 from ._launch import next_power_of_2
 from ._registry import (
     FLOAT32_RESULT,
+    FLOAT_DTYPES,
     NAMESPACE,
     OpSpec,
     check_tensor,
@@ -312,7 +313,7 @@ def _loss_dtype(op: str, logits: torch.Tensor, dtype: torch.dtype | None) -> tor
     way), without a float32 copy of the logits: what autocast asks for."""
     if dtype is None:
         return logits.dtype
-    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+    if dtype not in FLOAT_DTYPES:
         raise TypeError(f"tk.{op}: dtype {str(dtype).replace('torch.', '')} is not a floating dtype for the loss")
     return dtype
 
