@@ -754,13 +754,13 @@ void register_lane(const std::string& ns, const std::string& name, const std::st
 enum class CastPolicy { kLowerPrecision, kFloat32, kFloat32Result };
 
 struct AutocastKernel final : c10::OperatorKernel {
-  AutocastKernel(c10::DeviceType device, CastPolicy policy) : device_(device), policy_(policy) {}
+  AutocastKernel(c10::DeviceType device, CastPolicy policy, size_t dtype_at)
+      : device_(device), policy_(policy), dtype_at_(dtype_at) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    const auto& arguments = op.schema().arguments();
-    const size_t n = arguments.size();
+    const size_t n = op.schema().arguments().size();
     if (policy_ == CastPolicy::kFloat32Result) {
-      set_float32_dtype(arguments, stack->end() - n);
+      set_float32_dtype(stack->end() - n);
     } else {
       const at::ScalarType dtype = policy_ == CastPolicy::kFloat32 ? at::kFloat : at::autocast::get_autocast_dtype(device_);
       for (auto it = stack->end() - n; it != stack->end(); ++it) {
@@ -773,19 +773,18 @@ struct AutocastKernel final : c10::OperatorKernel {
 
   // As PyTorch's fp32_set_opt_dtype: when the first argument is a tensor autocast
   // would cast, an unset `dtype` becomes float32 and the inputs stay as they are.
-  void set_float32_dtype(const std::vector<c10::Argument>& arguments, torch::jit::Stack::iterator args) const {
+  void set_float32_dtype(torch::jit::Stack::iterator args) const {
     if (!args[0].isTensor()) return;
     const at::Tensor& first = args[0].toTensor();
     if (!first.defined() || !first.is_floating_point() || first.scalar_type() == at::kDouble ||
         first.device().type() != device_)
       return;
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      if (arguments[i].name() == "dtype" && args[i].isNone()) args[i] = c10::IValue(at::kFloat);
-    }
+    if (args[dtype_at_].isNone()) args[dtype_at_] = c10::IValue(at::kFloat);
   }
 
   c10::DeviceType device_;
   CastPolicy policy_;
+  size_t dtype_at_;  // kFloat32Result: where the op's `dtype` argument is
 };
 
 void register_autocast(const std::string& ns, const std::string& name, const std::string& device,
@@ -801,10 +800,17 @@ void register_autocast(const std::string& ns, const std::string& name, const std
   } else {
     throw std::invalid_argument(ns + "::" + name + ": unknown autocast policy " + policy_name);  // a ValueError
   }
+  size_t dtype_at = 0;
+  if (policy == CastPolicy::kFloat32Result) {
+    auto op = c10::Dispatcher::singleton().findSchema({ns + "::" + name, ""});
+    auto found = op ? op->schema().argumentIndexWithName("dtype") : std::nullopt;
+    if (!found) throw std::invalid_argument(ns + "::" + name + ": autocast policy float32_result needs a `dtype` argument");
+    dtype_at = *found;
+  }
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
                                               at::autocast::get_autocast_dispatch_key_from_device_type(type),
                                               __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutocastKernel>(type, policy)));
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutocastKernel>(type, policy, dtype_at)));
   libraries.push_back(std::move(lib));
 }
 

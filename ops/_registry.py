@@ -117,13 +117,29 @@ def check_tensor(op: str, arg: str, t, dtypes=FLOAT_DTYPES, ndims=None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"tk.{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"tk.{op}: {arg} has dtype {str(t.dtype).replace('torch.', '')}; supported: {names}")
+        raise TypeError(f"tk.{op}: {arg} has dtype {_name(t.dtype)}; supported: {_names(dtypes)}")
     if t.device.type not in SUPPORTED_DEVICES:
         raise ValueError(f"tk.{op}: {arg} is on device {t.device}; tk ops run on cuda and cpu")
     if ndims is not None and t.dim() not in ndims:
         want = " or ".join(str(n) for n in ndims)
         raise ValueError(f"tk.{op}: {arg} must be {want}-D, got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+
+
+def result_dtype(op: str, arg: str, dtype: torch.dtype | None, default: torch.dtype) -> torch.dtype:
+    """A ``dtype`` argument asking for a result's dtype: ``default`` if None, else a floating dtype."""
+    if dtype is None:
+        return default
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"tk.{op}: {arg} {_name(dtype)} is not a floating dtype; supported: {_names(FLOAT_DTYPES)}")
+    return dtype
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _names(dtypes) -> str:
+    return ", ".join(map(_name, dtypes))
 
 
 def check_same(op: str, tensors: dict[str, torch.Tensor]) -> None:

@@ -52,7 +52,6 @@ from ._device import kind as _kind
 from ._launch import next_power_of_2
 from ._registry import (
     FLOAT32_RESULT,
-    FLOAT_DTYPES,
     NAMESPACE,
     OpSpec,
     check_tensor,
@@ -60,6 +59,7 @@ from ._registry import (
     launcher,
     register_op,
     register_spec,
+    result_dtype,
 )
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -307,17 +307,6 @@ def _check_logits_and_target(op: str, logits, target, logits_ndims=(2,)) -> None
         raise ValueError(f"tk.{op}: logits has shape {tuple(logits.shape)}: there must be at least one class")
 
 
-def _loss_dtype(op: str, logits: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    """The loss's dtype: `dtype`, or the logits'.  16-bit logits with dtype float32 give
-    what F.cross_entropy of float32 logits gives (the kernels compute in float32 either
-    way), without a float32 copy of the logits: what autocast asks for."""
-    if dtype is None:
-        return logits.dtype
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"tk.{op}: dtype {str(dtype).replace('torch.', '')} is not a floating dtype for the loss")
-    return dtype
-
-
 def _rows_view(logits: torch.Tensor) -> torch.Tensor:
     """logits with unit column stride (a row-sliced view, such as a padded
     vocabulary cut to C columns, is kept as it is; other layouts are copied)."""
@@ -339,7 +328,10 @@ def _cross_entropy_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_logits_and_target("cross_entropy_forward", logits, target)
     _check_options("cross_entropy_forward", reduction, label_smoothing)
-    loss_dtype = _loss_dtype("cross_entropy_forward", logits, dtype)
+    # The loss's dtype.  16-bit logits with dtype float32 give what F.cross_entropy of
+    # float32 logits gives (the kernels compute in float32 either way), without a
+    # float32 copy of the logits: what autocast asks for.
+    loss_dtype = result_dtype("cross_entropy_forward", "dtype", dtype, logits.dtype)
     logits, target = _rows_view(logits), target.contiguous()
     n_rows, n_cols = logits.shape
     device = logits.device
@@ -450,10 +442,10 @@ def cross_entropy(
 ) -> torch.Tensor:
     """``F.cross_entropy(logits, target, ignore_index=, reduction=, label_smoothing=)``
     for (N, C) logits with (N,) targets, or unbatched (C,) logits with a 0-d target.
-    ``dtype``: the loss's (the logits' if None), see _loss_dtype."""
+    ``dtype``: the loss's (the logits' if None), see _cross_entropy_forward."""
     _check_logits_and_target("cross_entropy", logits, target, logits_ndims=(1, 2))
     _check_options("cross_entropy", reduction, label_smoothing)
-    _loss_dtype("cross_entropy", logits, dtype)
+    result_dtype("cross_entropy", "dtype", dtype, logits.dtype)
     options = (ignore_index, reduction, label_smoothing, dtype)
     if logits.dim() == 1:  # unbatched: a batch of one row
         loss, _ = torch.ops.tk.cross_entropy_forward(logits.unsqueeze(0), target.unsqueeze(0), *options)

@@ -53,7 +53,6 @@ from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, s
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
     FLOAT32_RESULT,
-    FLOAT_DTYPES,
     GRAD,
     RESULT,
     SPECS,
@@ -67,6 +66,7 @@ from ._registry import (
     register_formula,
     register_op,
     register_spec,
+    result_dtype,
 )
 
 
@@ -863,10 +863,9 @@ def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: tor
     return n_segments, cdiv(n_rows, rounds)
 
 
-def _scratch_partials(first_input: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
-    """`count` (n_rows, n_segments) scratch tensors for partials, in the dtype the
-    kernels compute in: float64 for float64 inputs, else float32."""
-    like = first_input
+def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
+    """`count` (n_rows, n_segments) scratch tensors for partials, in the dtype the kernels
+    compute in: float64 for float64 inputs (`like`, the first), else float32."""
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
@@ -1025,15 +1024,6 @@ def _prod(sizes) -> int:
     return out
 
 
-def _result_dtype(op: str, arg: str, given: torch.dtype | None, default: torch.dtype) -> torch.dtype:
-    if given is None:
-        return default
-    if given not in FLOAT_DTYPES:
-        names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
-        raise TypeError(f"tk.{op}: {arg} {str(given).replace('torch.', '')} is not a floating dtype; supported: {names}")
-    return given
-
-
 def _read_as_float32(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
     """Whether softmax(x, dtype=dtype) can read x as it is: a 16-bit x widened to float32.
     The kernels compute 16-bit rows in float32, so casting x first (torch.softmax's
@@ -1048,7 +1038,7 @@ def _softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -
     check_tensor("softmax", "x", x)
     dim = _normalize_dim("softmax", x, dim)
     _check_row_count("softmax", x, dim)
-    dtype = _result_dtype("softmax", "dtype", dtype, x.dtype)
+    dtype = result_dtype("softmax", "dtype", dtype, x.dtype)
     if dtype != x.dtype and not _read_as_float32(x.dtype, dtype):
         x = x.to(dtype)
     x = x.contiguous()  # the (outer, n_cols, inner) view needs the standard layout
@@ -1070,7 +1060,7 @@ def _softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int, input_dtype
         raise ValueError(f"tk.softmax_backward: grad has shape {tuple(grad.shape)} but y has {tuple(y.shape)}")
     dim = _normalize_dim("softmax_backward", y, dim)
     _check_row_count("softmax_backward", y, dim)
-    input_dtype = _result_dtype("softmax_backward", "input_dtype", input_dtype, y.dtype)
+    input_dtype = result_dtype("softmax_backward", "input_dtype", input_dtype, y.dtype)
     grad, y = grad.contiguous(), y.contiguous()
     dx = torch.empty_like(y, dtype=input_dtype)
     if y.numel() == 0:

@@ -260,6 +260,14 @@ def test_the_native_casts_are_the_python_ones(seen_ops, policy, autocast_dtype):
         assert got["native"][0] == tuple(map(expected, (a, b, c)))
 
 
+def test_the_native_lane_refuses_what_it_cannot_do(seen_ops):
+    native = _native.module()
+    with pytest.raises(ValueError, match="tk_autocast_test::native_lower: unknown autocast policy float8"):
+        native.register_autocast("tk_autocast_test", "native_lower", "cpu", "float8")
+    with pytest.raises(ValueError, match="native_lower: autocast policy float32_result needs a `dtype` argument"):
+        native.register_autocast("tk_autocast_test", "native_lower", "cpu", FLOAT32_RESULT)
+
+
 @pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
 def test_a_float32_result_is_asked_for_as_pytorch_asks_for_it(seen_ops, autocast_dtype):
     """FLOAT32_RESULT (torch.softmax on CUDA): inputs as they come; an unset dtype becomes
