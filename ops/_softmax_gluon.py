@@ -18,6 +18,9 @@ points (bf16 81-94 against this kernel's 81-93); the stages still win on
 the longest rows (128 and 64 rows of 524288 and 1048576 columns).  Float32
 rows now take the Triton kernel that publishes a round ahead
 (``softmax_forward_lagged_kernel``), which beat this one's float32 setup.
+Rows of more than 64 segments take a second kernel here, which publishes a
+round ahead too and keeps whole segments in shared memory (see the end of
+the module): rows of 1M columns went from 81% to 86%.
 
 Same algorithm, same partials, same fallback as the Triton kernel; only
 for 16-bit CUDA launches made eagerly (``torch.compile`` traces Triton
@@ -33,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
 # tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
 # imports this module after defining them.
-from .softmax import _block_max_exp, _combine_partials, _pack, _poll, _publish, _rescale, _unpack
+from .softmax import _block_max_exp, _combine_partials, _finite_or_zero, _pack, _poll, _publish, _rescale, _unpack
 
 _max_exp = gluon.jit(_block_max_exp.fn)
 _combine = gluon.jit(_combine_partials.fn)
@@ -42,6 +45,7 @@ _pack_word = gluon.jit(_pack.fn)
 _unpack_word = gluon.jit(_unpack.fn)
 _publish_word = gluon.jit(_publish.fn)
 _poll_words = gluon.jit(_poll.fn)
+_shift = gluon.jit(_finite_or_zero.fn)
 
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
 _async_load = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
@@ -128,3 +132,123 @@ def softmax_forward_staged_kernel(
         row_max, row_sum = _combine(part_max, part_sum)
         y = numerator * _factor(seg_max, row_max, row_sum)
         gl.store(y_ptr + row.to(gl.int64) * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# ---------------------------------------------------------------------------
+# Rows of more than 64 segments: publish a round ahead.
+# ---------------------------------------------------------------------------
+# Above, every program of a round waits for the slowest of the row's programs
+# before it writes; with 128 or 256 programs a row (rows of 1M or 2M columns)
+# that wait costs 10-20 points of copy bandwidth.  The kernel below publishes
+# the partial of its next row before it waits for this row's words, which
+# then had a whole round to arrive.  It needs the next round's partial before
+# this round's y is written, so it keeps no numerators in registers: the
+# segment stays in shared memory (three stages: the row being written, the
+# next row being reduced, the row after that in flight) and exp(x - max) is
+# computed twice, once for the sum and once for y.  The extra work costs 4-7
+# points on rows of few segments, where the wait was short anyway.
+
+
+@gluon.jit
+def _chunk_cols(segment, c, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
+    return segment * SEGMENT + c * CHUNK + gl.arange(0, CHUNK, layout=layout)
+
+
+@gluon.jit
+def _staged_max_sum(stage, segment, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
+    """(max, sum of exp(x - max)) of a staged segment, read from shared memory a chunk at a time: each
+    lane keeps a running max, then a running sum, reduced across the program once.  A chunk is one
+    `layout` of the program's threads, so each thread reads the elements its own copies wrote."""
+    run_max = gl.full([CHUNK], -float("inf"), gl.float32, layout)
+    for c in gl.static_range(SEGMENT // CHUNK):
+        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+        run_max = gl.maximum(run_max, _as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), cols, n_cols))
+    seg_max = gl.max(run_max, axis=0)
+    run_sum = gl.zeros([CHUNK], gl.float32, layout)
+    for c in gl.static_range(SEGMENT // CHUNK):
+        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+        run_sum += gl.exp(_as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), cols, n_cols) - _shift(seg_max))
+    return seg_max, gl.sum(run_sum, axis=0)
+
+
+@gluon.jit
+def _loaded_max_sum(x_ptr, row, segment, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
+    """The same from global memory: the same values in the same lanes, so the same bits."""
+    row_ptr = x_ptr + row.to(gl.int64) * n_cols
+    run_max = gl.full([CHUNK], -float("inf"), gl.float32, layout)
+    for c in gl.static_range(SEGMENT // CHUNK):
+        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+        run_max = gl.maximum(run_max, _as_float32(gl.load(row_ptr + cols, mask=cols < n_cols, other=0.0), cols, n_cols))
+    seg_max = gl.max(run_max, axis=0)
+    run_sum = gl.zeros([CHUNK], gl.float32, layout)
+    for c in gl.static_range(SEGMENT // CHUNK):
+        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+        x = _as_float32(gl.load(row_ptr + cols, mask=cols < n_cols, other=0.0), cols, n_cols)
+        run_sum += gl.exp(x - _shift(seg_max))
+    return seg_max, gl.sum(run_sum, axis=0)
+
+
+@gluon.jit
+def _chunked_partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr,
+                           CHUNK: gl.constexpr, layout: gl.constexpr, small: gl.constexpr):  # fmt: skip
+    """Every segment's (max, sum) of `row`, computed here as the owners compute them (see _partials_here)."""
+    segments = gl.arange(0, SEGMENTS_BLOCK, layout=small)
+    part_max = gl.full([SEGMENTS_BLOCK], -float("inf"), gl.float32, small)
+    part_sum = gl.zeros([SEGMENTS_BLOCK], gl.float32, small)
+    for segment in range(0, n_segments):
+        seg_max, seg_sum = _loaded_max_sum(x_ptr, row, segment, n_cols, SEGMENT, CHUNK, layout)
+        part_max = gl.where(segments == segment, seg_max, part_max)
+        part_sum = gl.where(segments == segment, seg_sum, part_sum)
+    return part_max, part_sum
+
+
+@gluon.jit
+def softmax_forward_staged_ahead_kernel(
+    x_ptr, y_ptr, words_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
+    SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr,
+):
+    """Rows held on chip across programs, publishing a round ahead; segments in shared memory.
+
+    Program p owns segment p % n_segments of rows p // n_segments + k * rows_at_once, as above.
+    Round r: publish row r + 1's (max, sum) from its staged segment, wait for row r's words (published
+    a round ago), write row r's y from its staged segment, and refill that stage with row r + STAGES."""
+    WARPS: gl.constexpr = gl.num_warps()
+    CHUNK: gl.constexpr = VEC * 32 * WARPS  # one 16-byte piece a thread
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    small: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    stages = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, SEGMENT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+    pid = gl.program_id(0)
+    segment = pid % n_segments
+    first_row = pid // n_segments  # below n_rows: the grid has at most n_rows rows at once
+    cols = segment * SEGMENT + gl.arange(0, SEGMENT, layout=layout)
+    for early in gl.static_range(STAGES):
+        _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
+    cp.wait_group(STAGES - 1)  # the first row's copy has landed
+    seg_max, seg_sum = _staged_max_sum(stages.index(0), segment, n_cols, SEGMENT, CHUNK, layout)
+    _publish_word(words_ptr, first_row.to(gl.int64) * n_segments + segment, _pack_word(seg_max, seg_sum))
+    for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        next_row = row + rows_at_once
+        cp.wait_group(STAGES - 2)  # the next row's copy has landed; later ones may be in flight
+        next_max, next_sum = _staged_max_sum(stages.index((round + 1) % STAGES), segment, n_cols, SEGMENT, CHUNK, layout)
+        if next_row < n_rows:
+            _publish_word(words_ptr, next_row.to(gl.int64) * n_segments + segment, _pack_word(next_max, next_sum))
+        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK, small)
+        if published:
+            part_max, part_sum = _unpack_word(words)
+        else:  # waited too long: compute the row's partials here
+            part_max, part_sum = _chunked_partials_here(x_ptr, row, n_cols, n_segments, SEGMENT, SEGMENTS_BLOCK, CHUNK,
+                                                        layout, small)  # fmt: skip
+        row_max, row_sum = _combine(part_max, part_sum)
+        factor = _factor(seg_max, row_max, row_sum)
+        stage = stages.index(round % STAGES)
+        y_row = y_ptr + row.to(gl.int64) * n_cols
+        for c in gl.static_range(SEGMENT // CHUNK):
+            chunk_cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+            x = _as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), chunk_cols, n_cols)
+            y = gl.exp(x - _shift(seg_max)) * factor
+            gl.store(y_row + chunk_cols, y.to(y_ptr.dtype.element_ty), mask=chunk_cols < n_cols)
+        _cta_barrier()  # every warp has read this stage: refill it
+        _copy_segment_in(stage, x_ptr, first_row + (round + STAGES) * rows_at_once, n_rows, n_cols, cols)
+        seg_max = next_max

@@ -704,7 +704,8 @@ class _Cooperative:
     registers: int  # the cap, per thread
     programs_per_sm: int  # wanted; fewer where the SM holds fewer
     lagged: bool  # publishes a round ahead (no LOAD_NEXT: the next round is loaded before the wait)
-    shared: int = 0  # bytes of shared memory a program asks for (the Gluon kernel's stages)
+    shared: int = 0  # bytes of shared memory a program asks for (the Gluon kernels' stages)
+    stages: int = 0  # the Gluon kernels' segments staged in shared memory
 
 
 def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int) -> _Cooperative:
@@ -743,16 +744,29 @@ try:  # after the kernel pieces above, which the Gluon module reuses
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses
     _softmax_gluon = None
 
-_STAGES = 2
+def _staged(kernel, segment: int, warps: int, programs_per_sm: int, stages: int) -> _Cooperative:
+    """A Gluon forward's setup for 16-bit x: 64 registers a thread, `stages` segments of x in shared memory."""
+    return _Cooperative(kernel, segment, warps, 64, programs_per_sm, lagged=False, shared=stages * segment * 2,
+                        stages=stages)  # fmt: skip
 
 
-def _staged(element_size: int, registers: int, programs_per_sm: int, segment: int = 8192) -> _Cooperative:
-    kernel = _softmax_gluon.softmax_forward_staged_kernel
-    shared = _STAGES * segment * element_size
-    return _Cooperative(kernel, segment, 8, registers, programs_per_sm, lagged=False, shared=shared)
+# Rows of more than _AHEAD_PAST_SEGMENTS segments of 8192 columns, in x's dtype,
+# take the Gluon kernel that publishes a round ahead from three stages: 4096
+# columns on 4 warps, 8 an SM (a third of the registers' work each, so more
+# programs an SM: 8192 columns, 4 an SM, ran 1-3 points slower).  H100, % of a
+# same-size copy, bf16 / fp16, rows of 262144 / 393216 / 524288 / 1048576 /
+# 2097152 columns: 86 / 88 / 87 / 86 / 79 and 88 / 90 / 88 / 87 / 82 against
+# the staged kernel's 90 / 89 / 86 / 81 / 71 and 91 / 89 / 87 / 82 / 70; at
+# 65536 columns 85 against 92.  A float32 y of a 16-bit x keeps the staged
+# kernel at every length (88-92 against 86-90): its stores are two thirds of
+# the bytes and were not waiting (docs/perf-notes.md, version 25).
+_AHEAD_PAST_SEGMENTS = 64
 
-
-_STAGED_FORWARD = {2: _staged(2, 64, 4)} if _softmax_gluon is not None else {}
+if _softmax_gluon is not None:
+    _STAGED_FORWARD = {2: _staged(_softmax_gluon.softmax_forward_staged_kernel, 8192, 8, 4, stages=2)}
+    _STAGED_AHEAD_FORWARD = _staged(_softmax_gluon.softmax_forward_staged_ahead_kernel, 4096, 4, 8, stages=3)
+else:  # pragma: no cover - a Triton without Gluon
+    _STAGED_FORWARD, _STAGED_AHEAD_FORWARD = {}, None
 
 
 # Where the 16-bit forward issues the next round's loads.  A row of few
@@ -915,7 +929,9 @@ def _staged_setup(kernels: _Kernels, tensors, n_cols: int, inner: int) -> _Coope
     only) of 16-bit rows on Hopper or newer, rows along the last dim, every row start 16-byte aligned.
     Keyed by x's element size: what it stages in shared memory.  A float32 y of a 16-bit x takes it
     too, each thread's VEC elements 16 bytes of y (8-byte copies of x): 88-93% of a same-size copy
-    against the lagged Triton kernel's 79-82; 16 bytes of x (32 of y) fell to 62-70 (perf notes, version 24)."""
+    against the lagged Triton kernel's 79-82; 16 bytes of x (32 of y) fell to 62-70 (perf notes, version 24).
+    Rows of more than _AHEAD_PAST_SEGMENTS segments, x and y of one dtype, take the kernel that publishes
+    a round ahead."""
     if kernels is not _FORWARD:
         return None
     x, y = tensors
@@ -924,7 +940,11 @@ def _staged_setup(kernels: _Kernels, tensors, n_cols: int, inner: int) -> _Coope
     setup = _STAGED_FORWARD.get(x.element_size())
     if setup is None or inner != 1 or n_cols % 16 or cuda_capability(y.device.index)[0] < 9:
         return None
-    return setup if all(t.data_ptr() % 16 == 0 for t in tensors) else None
+    if not all(t.data_ptr() % 16 == 0 for t in tensors):
+        return None
+    if y.element_size() == x.element_size() and cdiv(n_cols, setup.segment) > _AHEAD_PAST_SEGMENTS:
+        return _STAGED_AHEAD_FORWARD
+    return setup
 
 
 def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
@@ -933,7 +953,7 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     n_segments, rows_at_once = plan
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, _unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
-        SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=_STAGES,
+        SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=setup.stages,
         VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers,
     )
 

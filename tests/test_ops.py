@@ -334,6 +334,7 @@ DESIGN_KERNELS = {  # forward, then backward
     "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
     "lagged": ["softmax_forward_lagged_kernel", "softmax_backward_lagged_kernel"],  # float32 rows
     "staged": ["softmax_forward_staged_kernel", "softmax_backward_lagged_kernel"],  # the Gluon forward
+    "staged_ahead": ["softmax_forward_staged_ahead_kernel", "softmax_backward_lagged_kernel"],  # its longest rows
 }
 
 
@@ -345,6 +346,11 @@ def held_design(dtype) -> str:
 def staged_forward_here() -> bool:
     """Whether eager forwards of long, aligned rows take the Gluon kernel on this GPU (see ops/_softmax_gluon.py)."""
     return softmax_ops._softmax_gluon is not None and torch.cuda.get_device_capability()[0] >= 9
+
+
+def staged_design(n_cols: int) -> str:
+    """Which Gluon forward an aligned row of 16-bit x and y takes: past 64 segments, the one publishing ahead."""
+    return "staged_ahead" if n_cols > softmax_ops._AHEAD_PAST_SEGMENTS * 8192 else "staged"
 
 
 def test_softmax_short_rows_rule(monkeypatch):
@@ -614,6 +620,8 @@ def test_softmax_cooperative_rule(monkeypatch):
         if softmax_ops._STAGED_FORWARD:  # the Gluon forward, 16-bit only: 4 an SM
             assert set(softmax_ops._STAGED_FORWARD) == {2}
             assert softmax_ops._cooperative_plan(softmax_ops._STAGED_FORWARD[2], 1024, 65536, cuda) == (8, 64)  # 528
+            ahead = softmax_ops._STAGED_AHEAD_FORWARD  # 8 an SM: 1056 programs, 4 rows of 256 segments at once
+            assert softmax_ops._cooperative_plan(ahead, 64, 1 << 20, cuda) == (256, 4)
     finally:
         resident_programs_per_sm.cache_clear()
 
@@ -632,12 +640,15 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
         ((1000, 66000), -1, True),
         ((500, 40000), -1, True),
         ((7, 5 * 8192 + 16), -1, True),  # fewer rows than a round holds
+        ((21, 80 * 8192 + 16), -1, True),  # the Gluon forward that publishes ahead: 161 segments of 4096
     ]
     for shape, dim, aligned in cases:
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
         y, grad, dx = check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
-        design = "staged" if aligned and dtype != torch.float32 and staged_forward_here() else held_design(dtype)
+        design = held_design(dtype)
+        if aligned and dtype != torch.float32 and staged_forward_here():
+            design = staged_design(shape[-1])
         assert launched == DESIGN_KERNELS[design], (shape, launched)
         with monkeypatch.context() as patch:  # no program waits: each computes its row's partials
             patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
@@ -703,6 +714,11 @@ def test_softmax_staged_forward_rule(monkeypatch):
 
     assert setup() is softmax_ops._STAGED_FORWARD[2]
     assert setup(y_size=4) is softmax_ops._STAGED_FORWARD[2]  # a float32 result of a 16-bit x: staged too
+    ahead = softmax_ops._STAGED_AHEAD_FORWARD  # past 64 segments of 8192 columns: the kernel publishing ahead
+    assert setup(n_cols=64 * 8192) is softmax_ops._STAGED_FORWARD[2]
+    assert setup(n_cols=64 * 8192 + 16) is ahead and setup(n_cols=1 << 21) is ahead
+    assert setup(n_cols=1 << 20, y_size=4) is softmax_ops._STAGED_FORWARD[2]  # its stores were not waiting
+    assert setup(n_cols=(1 << 20) + 8) is None and setup(n_cols=1 << 20, offset=2) is None  # alignment first
     assert setup(size=4) is None  # float32: the lagged Triton kernel
     assert setup(size=4, y_size=2) is None  # (a float32 x is cast to a 16-bit dtype first: never launched)
     assert setup(size=8) is None  # float64
@@ -728,18 +744,19 @@ def _build_for_hopper(source, setup):
 
 def test_softmax_staged_forward_compiles_for_hopper():
     """The Gluon kernel builds for sm_90 with the installed Triton (no GPU needed):
-    its copies are cp.async, its stages fit the shared memory the rule counts."""
+    its copies are cp.async, its stages fit the shared memory the rule counts; and so does
+    the kernel that publishes a round ahead."""
     if softmax_ops._softmax_gluon is None:
         pytest.skip("this Triton has no Gluon")
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel = softmax_ops._softmax_gluon.softmax_forward_staged_kernel
-    for element_size, dtype in ((2, "bf16"),):
-        setup = softmax_ops._STAGED_FORWARD[element_size]
+    for setup, y_dtype in [(softmax_ops._STAGED_FORWARD[2], "bf16"), (softmax_ops._STAGED_FORWARD[2], "fp32"),
+                           (softmax_ops._STAGED_AHEAD_FORWARD, "bf16")]:  # fmt: skip
+        kernel = setup.kernel
         signature = {name: "i32" for name in kernel.arg_names}
-        signature.update(x_ptr=f"*{dtype}", y_ptr=f"*{dtype}", words_ptr="*i64")
+        signature.update(x_ptr="*bf16", y_ptr=f"*{y_dtype}", words_ptr="*i64")
         constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8),
-                         STAGES=softmax_ops._STAGES, VEC=16 // element_size)  # fmt: skip
+                         STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8)  # fmt: skip
         signature.update({name: "constexpr" for name in constants})
         aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
         compiled = _build_for_hopper(GluonASTSource(kernel, signature, constants, aligned), setup)
@@ -779,14 +796,15 @@ def test_softmax_cooperative_kernels_publish_without_release(direction, element_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n_segments", [5, 80])  # of 8192 columns: 80 takes the Gluon forward that publishes ahead
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_softmax_long_row_edges_on_the_gpu(launched, dtype):
+def test_softmax_long_row_edges_on_the_gpu(launched, dtype, n_segments):
     """Forwards of rows held across programs (the Gluon kernel for aligned 16-bit
     rows on Hopper, the lagged one for float32): -inf segments beside values near
     the dtype's range, a whole -inf row (NaN, as in torch.softmax), a row start
     off 16 bytes (a Triton kernel for 16-bit rows), and the same answers."""
     staged = dtype != torch.float32 and staged_forward_here()
-    n_cols = 5 * 8192 + 48  # a last segment of 48 columns
+    n_cols = n_segments * 8192 + 48  # a last segment of 48 columns
     x = (4 * torch.randn(40, n_cols, device="cuda")).to(dtype)
     x[3, : 2 * 8192] = -float("inf")  # two whole segments of -inf
     x[3, 2 * 8192 :] = -1e4 if dtype != torch.float16 else -6e4
@@ -794,7 +812,7 @@ def test_softmax_long_row_edges_on_the_gpu(launched, dtype):
     x[7, 100] = torch.finfo(dtype).max
     launched.clear()
     y = torch.ops.tk.softmax(x, -1)
-    assert launched == DESIGN_KERNELS["staged" if staged else held_design(dtype)][:1]
+    assert launched == DESIGN_KERNELS[staged_design(n_cols) if staged else held_design(dtype)][:1]
     expected = torch.softmax(x.double(), -1)
     assert torch.isnan(y[5]).all() and not torch.isnan(torch.cat([y[:5], y[6:]])).any()
     keep = torch.arange(40, device="cuda") != 5
