@@ -40,7 +40,8 @@ Four designs, picked by row length, row count, dtype and device:
   the missing partials itself, so the result never depends on scheduling
   and the kernel cannot hang.  Eager 16-bit forwards of aligned rows on
   Hopper take the same design written in Gluon, with the next segment
-  staged in shared memory (ops/_softmax_gluon.py).
+  staged in shared memory; the longest of them publish a round ahead too,
+  from segments held in shared memory (ops/_softmax_gluon.py).
 """
 
 from dataclasses import dataclass
@@ -744,6 +745,7 @@ try:  # after the kernel pieces above, which the Gluon module reuses
 except (ImportError, AttributeError):  # pragma: no cover - a Triton without the Gluon parts it uses
     _softmax_gluon = None
 
+
 def _staged(kernel, segment: int, warps: int, programs_per_sm: int, stages: int) -> _Cooperative:
     """A Gluon forward's setup for 16-bit x: 64 registers a thread, `stages` segments of x in shared memory."""
     return _Cooperative(kernel, segment, warps, 64, programs_per_sm, lagged=False, shared=stages * segment * 2,
@@ -752,13 +754,14 @@ def _staged(kernel, segment: int, warps: int, programs_per_sm: int, stages: int)
 
 # Rows of more than _AHEAD_PAST_SEGMENTS segments of 8192 columns, in x's dtype,
 # take the Gluon kernel that publishes a round ahead from three stages: 4096
-# columns on 4 warps, 8 an SM (a third of the registers' work each, so more
-# programs an SM: 8192 columns, 4 an SM, ran 1-3 points slower).  H100, % of a
+# columns on 4 warps, 8 an SM (8192 columns on 8 warps, 4 an SM, ran 3 points
+# slower up to 1M columns; 2048 on 2 warps collapsed past 256 segments a
+# row, each program polling every word of its row).  H100, % of a
 # same-size copy, bf16 / fp16, rows of 262144 / 393216 / 524288 / 1048576 /
 # 2097152 columns: 86 / 88 / 87 / 86 / 79 and 88 / 90 / 88 / 87 / 82 against
 # the staged kernel's 90 / 89 / 86 / 81 / 71 and 91 / 89 / 87 / 82 / 70; at
 # 65536 columns 85 against 92.  A float32 y of a 16-bit x keeps the staged
-# kernel at every length (88-92 against 86-90): its stores are two thirds of
+# kernel at every length (88-92 against 86-92 up to 1M columns): its stores are two thirds of
 # the bytes and were not waiting (docs/perf-notes.md, version 25).
 _AHEAD_PAST_SEGMENTS = 64
 
