@@ -155,36 +155,31 @@ def _chunk_cols(segment, c, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: 
 
 
 @gluon.jit
-def _staged_max_sum(stage, segment, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
-    """(max, sum of exp(x - max)) of a staged segment, read from shared memory a chunk at a time: each
-    lane keeps a running max, then a running sum, reduced across the program once.  A chunk is one
-    `layout` of the program's threads, so each thread reads the elements its own copies wrote."""
-    run_max = gl.full([CHUNK], -float("inf"), gl.float32, layout)
-    for c in gl.static_range(SEGMENT // CHUNK):
-        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
-        run_max = gl.maximum(run_max, _as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), cols, n_cols))
-    seg_max = gl.max(run_max, axis=0)
-    run_sum = gl.zeros([CHUNK], gl.float32, layout)
-    for c in gl.static_range(SEGMENT // CHUNK):
-        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
-        run_sum += gl.exp(_as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), cols, n_cols) - _shift(seg_max))
-    return seg_max, gl.sum(run_sum, axis=0)
+def _read_chunk(stage, row_ptr, segment, c, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
+    """Chunk c of a segment in float32 (-inf past the row): from shared memory `stage`, or from global
+    memory at `row_ptr` where `stage` is None.  A chunk is one `layout` of the program's threads, so
+    from shared memory each thread reads the elements its own copies wrote."""
+    cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
+    if stage is None:
+        x = gl.load(row_ptr + cols, mask=cols < n_cols, other=0.0)
+    else:
+        x = stage.slice(c * CHUNK, CHUNK).load(layout)
+    return _as_float32(x, cols, n_cols)
 
 
 @gluon.jit
-def _loaded_max_sum(x_ptr, row, segment, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr, layout: gl.constexpr):
-    """The same from global memory: the same values in the same lanes, so the same bits."""
-    row_ptr = x_ptr + row.to(gl.int64) * n_cols
+def _segment_max_sum(stage, row_ptr, segment, n_cols, SEGMENT: gl.constexpr, CHUNK: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+    """(max, sum of exp(x - max)) of a segment, read a chunk at a time (see _read_chunk): each lane
+    keeps a running max, then a running sum, reduced across the program once.  The same lanes add
+    the same values from either memory, so a program computing another's partial gets its bits."""
     run_max = gl.full([CHUNK], -float("inf"), gl.float32, layout)
     for c in gl.static_range(SEGMENT // CHUNK):
-        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
-        run_max = gl.maximum(run_max, _as_float32(gl.load(row_ptr + cols, mask=cols < n_cols, other=0.0), cols, n_cols))
+        run_max = gl.maximum(run_max, _read_chunk(stage, row_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout))
     seg_max = gl.max(run_max, axis=0)
     run_sum = gl.zeros([CHUNK], gl.float32, layout)
     for c in gl.static_range(SEGMENT // CHUNK):
-        cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
-        x = _as_float32(gl.load(row_ptr + cols, mask=cols < n_cols, other=0.0), cols, n_cols)
-        run_sum += gl.exp(x - _shift(seg_max))
+        run_sum += gl.exp(_read_chunk(stage, row_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max))
     return seg_max, gl.sum(run_sum, axis=0)
 
 
@@ -196,7 +191,8 @@ def _chunked_partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr
     part_max = gl.full([SEGMENTS_BLOCK], -float("inf"), gl.float32, small)
     part_sum = gl.zeros([SEGMENTS_BLOCK], gl.float32, small)
     for segment in range(0, n_segments):
-        seg_max, seg_sum = _loaded_max_sum(x_ptr, row, segment, n_cols, SEGMENT, CHUNK, layout)
+        row_ptr = x_ptr + row.to(gl.int64) * n_cols
+        seg_max, seg_sum = _segment_max_sum(None, row_ptr, segment, n_cols, SEGMENT, CHUNK, layout)
         part_max = gl.where(segments == segment, seg_max, part_max)
         part_sum = gl.where(segments == segment, seg_sum, part_sum)
     return part_max, part_sum
@@ -225,13 +221,14 @@ def softmax_forward_staged_ahead_kernel(
     for early in gl.static_range(STAGES):
         _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
     cp.wait_group(STAGES - 1)  # the first row's copy has landed
-    seg_max, seg_sum = _staged_max_sum(stages.index(0), segment, n_cols, SEGMENT, CHUNK, layout)
+    seg_max, seg_sum = _segment_max_sum(stages.index(0), x_ptr, segment, n_cols, SEGMENT, CHUNK, layout)
     _publish_word(words_ptr, first_row.to(gl.int64) * n_segments + segment, _pack_word(seg_max, seg_sum))
     for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
         cp.wait_group(STAGES - 2)  # the next row's copy has landed; later ones may be in flight
-        next_max, next_sum = _staged_max_sum(stages.index((round + 1) % STAGES), segment, n_cols, SEGMENT, CHUNK, layout)
+        next_stage = stages.index((round + 1) % STAGES)
+        next_max, next_sum = _segment_max_sum(next_stage, x_ptr, segment, n_cols, SEGMENT, CHUNK, layout)
         if next_row < n_rows:
             _publish_word(words_ptr, next_row.to(gl.int64) * n_segments + segment, _pack_word(next_max, next_sum))
         words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK, small)
@@ -245,9 +242,8 @@ def softmax_forward_staged_ahead_kernel(
         stage = stages.index(round % STAGES)
         y_row = y_ptr + row.to(gl.int64) * n_cols
         for c in gl.static_range(SEGMENT // CHUNK):
+            y = gl.exp(_read_chunk(stage, x_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max)) * factor
             chunk_cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
-            x = _as_float32(stage.slice(c * CHUNK, CHUNK).load(layout), chunk_cols, n_cols)
-            y = gl.exp(x - _shift(seg_max)) * factor
             gl.store(y_row + chunk_cols, y.to(y_ptr.dtype.element_ty), mask=chunk_cols < n_cols)
         _cta_barrier()  # every warp has read this stage: refill it
         _copy_segment_in(stage, x_ptr, first_row + (round + STAGES) * rows_at_once, n_rows, n_cols, cols)

@@ -761,8 +761,8 @@ def _staged(kernel, segment: int, warps: int, programs_per_sm: int, stages: int)
 # 2097152 columns: 86 / 88 / 87 / 86 / 79 and 88 / 90 / 88 / 87 / 82 against
 # the staged kernel's 90 / 89 / 86 / 81 / 71 and 91 / 89 / 87 / 82 / 70; at
 # 65536 columns 85 against 92.  A float32 y of a 16-bit x keeps the staged
-# kernel at every length (88-92 against 86-92 up to 1M columns): its stores are two thirds of
-# the bytes and were not waiting (docs/perf-notes.md, version 25).
+# kernel at every length (88-92 against 86-92 up to 1M columns): its stores,
+# two thirds of the bytes, were not waiting (docs/perf-notes.md, version 25).
 _AHEAD_PAST_SEGMENTS = 64
 
 if _softmax_gluon is not None:
