@@ -759,20 +759,23 @@ struct AutocastKernel final : c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
+    auto first = stack->end() - n;
     if (policy_ == CastPolicy::kFloat32Result) {
-      set_float32_dtype(stack->end() - n);
-    } else {
-      const at::ScalarType dtype = policy_ == CastPolicy::kFloat32 ? at::kFloat : at::autocast::get_autocast_dtype(device_);
-      for (auto it = stack->end() - n; it != stack->end(); ++it) {
-        if (it->isTensor()) *it = at::autocast::cached_cast(dtype, it->toTensor(), device_);  // float64 stays
-      }
+      set_float32_dtype(first);
+      ++first;  // read as it is by the kernels, which widen it themselves
+    }
+    const at::ScalarType dtype =
+        policy_ == CastPolicy::kLowerPrecision ? at::autocast::get_autocast_dtype(device_) : at::kFloat;
+    for (auto it = first; it != stack->end(); ++it) {
+      if (it->isTensor()) *it = at::autocast::cached_cast(dtype, it->toTensor(), device_);  // float64 stays
     }
     c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device_));
     op.callBoxed(stack);
   }
 
   // As PyTorch's fp32_set_opt_dtype: when the first argument is a tensor autocast
-  // would cast, an unset `dtype` becomes float32 and the inputs stay as they are.
+  // would cast, an unset `dtype` becomes float32 and that argument stays as it is
+  // (the other tensors are cast to float32, as kFloat32 casts them).
   void set_float32_dtype(torch::jit::Stack::iterator args) const {
     if (!args[0].isTensor()) return;
     const at::Tensor& first = args[0].toTensor();

@@ -338,9 +338,12 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 # --------------------------------------------------------------------------
 
 LOWER_PRECISION = "lower_precision"  # floating inputs in the autocast dtype, as for torch.matmul
-FLOAT32 = "float32"  # floating inputs in float32, as for F.layer_norm on CUDA
-# Inputs as they come, an unset `dtype` argument set to float32: torch.softmax on CUDA
-# (PyTorch's fp32_set_opt_dtype), whose kernels read 16-bit x and write float32 y.
+FLOAT32 = "float32"  # floating inputs in float32: PyTorch's float32 list, as for F.layer_norm on CUDA
+# FLOAT32 but for the first input, which comes as it is, and an unset `dtype` argument
+# set to float32: for ops whose kernels widen a 16-bit input themselves and write a
+# float32 result, so that the copy a cast would make is never made.  torch.softmax on
+# CUDA (PyTorch's fp32_set_opt_dtype, with no other input) and the norms (on the float32
+# list: their weights and biases are cast, as FLOAT32 casts them; they are small).
 FLOAT32_RESULT = "float32_result"
 _POLICIES = (LOWER_PRECISION, FLOAT32, FLOAT32_RESULT)
 
@@ -349,7 +352,8 @@ def follow_autocast(name: str, policies: dict[str, str]) -> None:
     """Under ``torch.autocast``, cast ``tk.<name>``'s inputs as PyTorch casts its own op's.
 
     ``policies`` maps a device type to LOWER_PRECISION, FLOAT32 or
-    FLOAT32_RESULT (for an op with a ``dtype`` argument), copied from the
+    FLOAT32_RESULT (for an op with a ``dtype`` argument, whose kernels widen
+    the first input themselves), copied from the
     lists PyTorch keeps per device (aten/src/ATen/autocast_mode.cpp); a
     device type left out runs the inputs as they come, as PyTorch does for an
     op on neither list.  Without this, an autocast model breaks at its first tk
@@ -385,12 +389,13 @@ def _autocast_kernel(op, device_type: str, policy: str) -> Callable:
     dtype_at = _dtype_position(op)
 
     def kernel(keyset, *args, **kwargs):
-        if policy == FLOAT32_RESULT:
+        dtype = torch.get_autocast_dtype(device_type) if policy == LOWER_PRECISION else torch.float32
+        first = ()
+        if policy == FLOAT32_RESULT:  # the first argument as it comes, a float32 result asked for
             args, kwargs = _set_float32_dtype(args, kwargs, dtype_at, device_type)
-        else:
-            dtype = torch.float32 if policy == FLOAT32 else torch.get_autocast_dtype(device_type)
-            args = [_autocast(a, device_type, dtype) for a in args]
-            kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
+            first, args = args[:1], args[1:]
+        args = [*first, *(_autocast(a, device_type, dtype) for a in args)]
+        kwargs = {k: _autocast(v, device_type, dtype) for k, v in kwargs.items()}
         with torch._C._ExcludeDispatchKeyGuard(key):
             return op(*args, **kwargs)
 

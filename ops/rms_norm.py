@@ -29,11 +29,23 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import GRAD, OpSpec, check_same, check_tensor, needs_grad, register_formula, register_op, register_spec
+from ._registry import (
+    FLOAT32_RESULT,
+    GRAD,
+    OpSpec,
+    autocast_key,
+    check_tensor,
+    follow_autocast,
+    needs_grad,
+    register_formula,
+    register_op,
+    register_spec,
+)
 from .layer_norm import (
     NORM_SHAPES,
     NORM_TOLERANCE,
     NormKernels,
+    check_grad,
     check_param,
     columns_backward,
     normalize,
@@ -41,6 +53,7 @@ from .layer_norm import (
     normalize_long_rows,
     normalize_rows,
     normalize_rows_backward,
+    result_dtype,
     row_statistics_backward,
 )
 
@@ -123,24 +136,24 @@ def _row_length(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> int
     return int(x.shape[-1])  # under torch.compile, the row length is specialized: it picks the block size
 
 
-def _rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> torch.Tensor:
+def _rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
+    """As F.rms_norm over the last dim; `dtype` (None: x's) may be float32 for a 16-bit x, which is then read as it is."""
     check_tensor("rms_norm", "x", x)
+    dtype = result_dtype("rms_norm", x, dtype)
     n_cols = _row_length("rms_norm", x, weight)
     eps = default_eps(x.dtype) if eps is None else eps
     w = None if weight is None else weight.contiguous()
-    return normalize(RMS_NORM_KERNELS, x.contiguous(), w, None, eps, n_cols)
+    return normalize(RMS_NORM_KERNELS, x.contiguous(), w, None, eps, n_cols, dtype)
 
 
 def _rms_norm_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: Optional[float], weight_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dweight); dweight has weight's shape when weight_grad is True and is
-    an empty tensor otherwise (an op cannot return None)."""
-    check_tensor("rms_norm_backward", "grad", grad)
-    check_tensor("rms_norm_backward", "x", x)
-    check_same("rms_norm_backward", {"grad": grad, "x": x})
-    if grad.shape != x.shape:
-        raise ValueError(f"tk.rms_norm_backward: grad has shape {tuple(grad.shape)} but x has {tuple(x.shape)}")
+    """(dx, dweight); dx has x's dtype, grad may be float32 for a 16-bit x.  dweight has weight's
+    shape when weight_grad is True and is an empty tensor otherwise (an op cannot return None)."""
+    check_grad("rms_norm_backward", grad, x)
     n_cols = _row_length("rms_norm_backward", x, weight)
     if weight_grad and weight is None:
         raise ValueError("tk.rms_norm_backward: weight_grad=True needs the weight")
@@ -154,6 +167,11 @@ def _rms_norm_backward(
 
 rms_norm = register_op("rms_norm", _rms_norm)
 rms_norm_backward = register_op("rms_norm_backward", _rms_norm_backward)
+# Under autocast, as F.rms_norm: PyTorch puts it on CUDA's float32 list from 2.12 on (its
+# kernel then casts x to float32); before, it ran inputs as they came.  tk follows the
+# installed PyTorch, and asks for a float32 result of x read as it is instead of the copy.
+if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", autocast_key("cuda")):
+    follow_autocast("rms_norm", {"cuda": FLOAT32_RESULT})
 
 
 # x and weight are saved, not rstd: it is recomputed (see layer_norm.py's docstring).

@@ -110,8 +110,17 @@ def test_compiled_under_autocast_matches_eager(device):
     def f(a, b):
         with torch.autocast(device, dtype=torch.bfloat16):
             product = torch.ops.tk.matmul(a, b)
-            tk_results = product, torch.ops.tk.softmax(product, -1), torch.ops.tk.cross_entropy(product, target)
-            torch_results = torch.softmax(product, -1), torch.nn.functional.cross_entropy(product, target)
+            tk_results = (
+                product,
+                torch.ops.tk.softmax(product, -1),
+                torch.ops.tk.cross_entropy(product, target),
+                torch.ops.tk.layer_norm(product, [80], None, None, 1e-5),
+            )
+            torch_results = (
+                torch.softmax(product, -1),
+                torch.nn.functional.cross_entropy(product, target),
+                F.layer_norm(product, (80,), None, None, 1e-5),
+            )
             return tk_results, torch_results
 
     torch._dynamo.reset()
@@ -183,6 +192,48 @@ def test_softmax_under_autocast_reads_a_16bit_x_without_a_float32_copy():
     x64 = x.detach().double().requires_grad_()
     (dx64,) = torch.autograd.grad(torch.softmax(x64, -1), x64, grad.double())
     assert dx.dtype == torch.bfloat16 and rel_error(dx, dx64) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+def test_norms_under_autocast_read_a_16bit_x_without_a_float32_copy(name):
+    """PyTorch casts its norms' inputs to float32 under CUDA autocast (rms_norm from 2.12 on):
+    tk asks for a float32 result instead, with the same dtype and a float32 result's accuracy,
+    and allocates no float32 copy of x, which would be as large as y."""
+    n = 4096
+    x = (3 + torch.randn(2048, n, device="cuda", dtype=torch.bfloat16)).requires_grad_()
+    weight = (1 + 0.1 * torch.randn(n, device="cuda")).requires_grad_()
+    bias = (0.1 * torch.randn(n, device="cuda")).requires_grad_()
+    if name == "layer_norm":
+        tk_fn = lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5)  # noqa: E731
+        torch_fn = lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)  # noqa: E731
+        params = (weight, bias)
+    else:
+        tk_fn = lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6)  # noqa: E731
+        torch_fn = lambda x, w: F.rms_norm(x, (n,), w, 1e-6)  # noqa: E731
+        params = (weight,)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        tk_fn(x.detach(), *params)  # warm: the native lane records its first calls
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        y = tk_fn(x.detach(), *(p.detach() for p in params))
+        torch.cuda.synchronize()
+        grown = torch.cuda.max_memory_allocated() - before
+        want = torch_fn(x, *params)
+        y = tk_fn(x, *params)
+    assert y.dtype == want.dtype, f"tk gives {y.dtype}, PyTorch {want.dtype}"
+    assert grown < 1.5 * y.numel() * y.element_size(), f"x was copied first: {grown} bytes allocated for y"
+    inputs64 = [t.detach().double().requires_grad_() for t in (x, *params)]
+    y64 = torch_fn(*inputs64)
+    assert rel_error(y, y64) <= TOLERANCE[y.dtype]
+    grad = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, *params), grad)
+    grads64 = torch.autograd.grad(y64, inputs64, grad.double())
+    want_grads = torch.autograd.grad(want, (x, *params), grad)
+    for got, got64, theirs, leaf in zip(grads, grads64, want_grads, (x, *params), strict=True):
+        assert got.dtype == theirs.dtype == leaf.dtype
+        assert rel_error(got, got64) <= max(TOLERANCE[got.dtype], 1.01 * rel_error(theirs, got64))
 
 
 # ------------------------------------------------- the casts made in C++ on CUDA
@@ -270,17 +321,19 @@ def test_the_native_lane_refuses_what_it_cannot_do(seen_ops):
 
 @pytest.mark.parametrize("autocast_dtype", AUTOCAST_DTYPES)
 def test_a_float32_result_is_asked_for_as_pytorch_asks_for_it(seen_ops, autocast_dtype):
-    """FLOAT32_RESULT (torch.softmax on CUDA): inputs as they come; an unset dtype becomes
-    float32 when the first input is a floating tensor autocast would cast; a given one stays."""
+    """FLOAT32_RESULT (torch.softmax and the norms on CUDA): the first input as it comes, the
+    others cast to float32 as FLOAT32 casts them; an unset dtype becomes float32 when the first
+    input is a floating tensor autocast would cast; a given one stays."""
     seen, _ = seen_ops
     bf16, half, f64 = (torch.randn(3, dtype=d) for d in (torch.bfloat16, torch.float16, torch.float64))
     cases = [  # args, kwargs, what the op is expected to receive
         ((bf16, None), {}, (torch.bfloat16, None, torch.float32)),
-        ((bf16.float(), half), {}, (torch.float32, torch.float16, torch.float32)),
-        ((half, None, None), {}, (torch.float16, None, torch.float32)),
+        ((bf16.float(), half), {}, (torch.float32, torch.float32, torch.float32)),
+        ((half, bf16, None), {}, (torch.float16, torch.float32, torch.float32)),  # a norm's x and weight
+        ((half, f64, None), {}, (torch.float16, torch.float64, torch.float32)),  # float64 is never cast
         ((bf16, None), {"dtype": torch.float16}, (torch.bfloat16, None, torch.float16)),
-        ((bf16, None, torch.float64), {}, (torch.bfloat16, None, torch.float64)),
-        ((f64, None), {}, (torch.float64, None, None)),  # float64: as given
+        ((bf16, half, torch.float64), {}, (torch.bfloat16, torch.float32, torch.float64)),
+        ((f64, half), {}, (torch.float64, torch.float32, None)),  # a float64 first input: as given
         ((torch.arange(3), None), {}, (torch.int64, None, None)),  # not floating: as given
     ]
     for lane in ("python", "native"):

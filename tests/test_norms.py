@@ -381,6 +381,55 @@ def test_float32_params_with_a_16bit_x(small_blocks, launched, dtype, case):
         assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("param_dtype", ["x's", torch.float32])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_a_float32_result_of_a_16bit_x(small_blocks, launched, x_dtype, param_dtype, case):
+    """dtype=float32 (what autocast asks for on CUDA): x read as it is, y in float32 and as accurate
+    as float32 allows, in every design; dx in x's dtype, the parameters' gradients in theirs."""
+    shape, forward, backward, *_ = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=x_dtype)
+    weight, bias = params(n, "cpu", x_dtype if param_dtype == "x's" else param_dtype)
+    for prefix, tk_fn, torch_fn in [
+        (
+            "rms_norm",
+            lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6, torch.float32),
+            lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6),
+        ),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5, torch.float32),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]:
+        launched.clear()
+        y = tk_fn(x, weight, bias)
+        assert y.dtype == torch.float32
+        # x and the parameters widen exactly: only float32's own rounding is left
+        assert_close(y, torch_fn(x.double(), as64(weight), as64(bias)), torch.float32)
+        inputs = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+        check_gradients(tk_fn, torch_fn, inputs, x_dtype)
+        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_float32_result_of_strided_and_empty_16bit_inputs(device):
+    n = pick(device, 33, 4096)
+    weight, bias = params(n, device, torch.float32)
+    for _, x in strided_versions(torch.randn(pick(device, 6, 1024), n, device=device, dtype=torch.bfloat16)):
+        y = torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5, torch.float32)
+        assert y.dtype == torch.float32
+        assert_close(y, layer_norm_reference(x, (n,), weight, bias, 1e-5), torch.float32)
+        y = torch.ops.tk.rms_norm(x, weight, 1e-6, torch.float32)
+        assert_close(y, rms_reference(x, weight, 1e-6), torch.float32)
+    for shape in [(0, n), (4, 0)]:
+        x = torch.randn(shape, device=device, dtype=torch.float16)
+        assert torch.ops.tk.rms_norm(x, None, None, torch.float32).dtype == torch.float32
+        y = torch.ops.tk.layer_norm(x, [shape[-1]], None, None, 1e-5, torch.float32)
+        assert y.shape == shape and y.dtype == torch.float32
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_params_with_a_16bit_x_at_model_sizes(device):
     shape = (37, 129) if device == "cpu" else (4096, 4096)
@@ -447,6 +496,19 @@ def opcheck_cases(device):
         (torch.ops.tk.layer_norm.default, (t(6, 5, grad=True), [5], None, t(5, grad=True)), {}),
         (torch.ops.tk.layer_norm_backward.default, (t(3, 4, 5), t(3, 4, 5), [4, 5], t(4, 5), 1e-5, True, True), {}),
         (torch.ops.tk.layer_norm_backward.default, (t(6, 5), t(6, 5), [5], None, 1e-5, False, True), {}),
+        # a float32 result of a 16-bit x, and its float32 gradient
+        (torch.ops.tk.rms_norm.default, (t(5, 7, grad=True, dtype=torch.bfloat16), t(7, grad=True), 1e-6, torch.float32), {}),
+        (
+            torch.ops.tk.layer_norm.default,
+            (t(3, 4, 5, grad=True, dtype=torch.float16), [4, 5], t(4, 5, grad=True), t(4, 5, grad=True)),
+            {"dtype": torch.float32},
+        ),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7, dtype=torch.bfloat16), t(7), 1e-6, True), {}),
+        (
+            torch.ops.tk.layer_norm_backward.default,
+            (t(6, 5), t(6, 5, dtype=torch.float16), [5], t(5, dtype=torch.float16), 1e-5, True, True),
+            {},
+        ),
     ]
 
 
@@ -553,6 +615,38 @@ ERROR_CASES = [
         ),
         TypeError,
         "grad has dtype torch.float16 but x has dtype torch.float32",
+    ),
+    (
+        "ln_backward grad wider than a result",
+        lambda: torch.ops.tk.layer_norm_backward(
+            torch.ones(3, 4, dtype=torch.float64), torch.ones(3, 4), [4], None, 1e-5, False, False
+        ),
+        TypeError,
+        "grad has dtype torch.float64 but x has dtype torch.float32; a norm's result has x's dtype, or float32",
+    ),
+    (
+        "rms_backward grad on another device",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4, device="meta"), torch.ones(3, 4), None, None, False),
+        ValueError,
+        "grad is on meta but x is on cpu",
+    ),
+    (
+        "ln dtype narrower than x",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [4], None, None, 1e-5, torch.bfloat16),
+        TypeError,
+        "dtype torch.bfloat16 is not supported for x of dtype torch.float32; a norm's result has x's dtype, or float32",
+    ),
+    (
+        "rms dtype float64 of a 16-bit x",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.float16), None, None, torch.float64),
+        TypeError,
+        "dtype torch.float64 is not supported for x of dtype torch.float16",
+    ),
+    (
+        "rms integer dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.float16), None, None, torch.int32),
+        TypeError,
+        "dtype torch.int32 is not supported for x of dtype torch.float16",
     ),
     (
         "ln_backward weight_grad",
