@@ -984,6 +984,10 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
         return _run_rows(kernels.single, tensors, n_rows, n_cols, inner, block, **flags)
     setup = kernels.cooperative.get(_widest(tensors))
     plan = _cooperative_plan(setup, n_rows, n_cols, like.device) if setup is not None else None
+    # The Triton grid gates the Gluon one too.  The Gluon grids hold longer rows (4.3M
+    # 16-bit columns on an H100, against 3.2M), but rows past 3.2M are faster split:
+    # a round then holds one row and waits on all of its programs (4M columns: 49-50%
+    # of a same-size copy held, 61-62 split; docs/perf-notes.md, version 26).
     if plan is not None:
         staged = _staged_setup(kernels, tensors, n_cols, inner)
         staged_plan = _cooperative_plan(staged, n_rows, n_cols, like.device) if staged is not None else None
