@@ -862,3 +862,33 @@ register_spec(
         peers={"liger": _liger_layer_norm},
     )
 )
+
+
+def _make_backward_inputs(shape, dtype, device):
+    """grad, x, weight, bias, and the mean and rstd PyTorch's forward saves for its backward
+    (tk recomputes them: see the module docstring)."""
+    x, weight, bias = _make_inputs(shape, dtype, device)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [shape[-1]], weight, bias, EPS)
+    return torch.randn(shape, dtype=dtype, device=device), x, weight, bias, mean, rstd
+
+
+# The backward on its own, every gradient asked for: (dx, dweight, dbias), against the
+# aten kernel eager autograd runs (with the statistics its forward saved) and Inductor's.
+register_spec(
+    OpSpec(
+        name="layer_norm_backward",
+        tk=lambda grad, x, weight, bias, mean, rstd: torch.ops.tk.layer_norm_backward(
+            grad, x, [x.shape[-1]], weight, EPS, True, True
+        ),
+        reference=lambda grad, x, weight, bias, mean, rstd: torch.ops.aten.native_layer_norm_backward(
+            grad, x, [x.shape[-1]], mean, rstd, weight, bias, [True, True, True]
+        ),
+        make_inputs=_make_backward_inputs,
+        # read grad and x, write dx; read weight, write dweight and dbias
+        bytes_moved=lambda shape, dtype: (3 * _prod(shape) + 3 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        # xhat (2), g = dy * w, the two row sums (4), dx (4), dweight and dbias (3)
+        flops=lambda shape, dtype: 13 * _prod(shape),
+        tolerance=NORM_TOLERANCE,
+        shapes=NORM_SHAPES,
+    )
+)
