@@ -91,7 +91,12 @@ from ._registry import (
 @triton.jit
 def _load(ptrs, mask):
     """Values at `ptrs` (0 where masked) in the compute dtype: float32, or float64 for float64."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
+    return _widen(tl.load(ptrs, mask=mask, other=0.0))
+
+
+@triton.jit
+def _widen(x):
+    """x in the compute dtype: float32, or float64 for float64."""
     if x.dtype != tl.float64:  # resolved at compile time
         x = x.to(tl.float32)
     return x
@@ -319,25 +324,40 @@ def normalize_long_rows(
 
 
 @triton.jit
+def _load_tile(ptr, rows, cols, n_rows, n_cols):
+    """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges), and its offsets."""
+    offsets = rows * n_cols + cols
+    return tl.load(ptr + offsets, mask=(rows < n_rows) & (cols < n_cols), other=0.0), offsets
+
+
+@triton.jit
 def normalize_rows_backward(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
 ):  # fmt: skip
     """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
-    it writes dx, and its sums of dy * xhat and dy as row pid of the scratches."""
+    it writes dx, and its sums of dy * xhat and dy as row pid of the scratches.
+
+    LOAD_AHEAD issues the next tile's loads before this tile's math, so that they
+    are in flight while it runs (the program then holds two tiles of x and dy);
+    otherwise they are issued after this tile's store."""
     cols = tl.arange(0, BLOCK_N)[None, :]
     if HAS_WEIGHT:
         w = _load(w_ptr + cols, cols < n_cols)  # once per program, reused by every row
     dw_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)  # summed over the tile's rows only at the end
     db_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)
-    for tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-        # tl.cast rather than .to: the interpreter hands the loop a Python int.
-        rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    step = tl.num_programs(0) * BLOCK_M
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    x_stored, offsets = _load_tile(x_ptr, rows, cols, n_rows, n_cols)
+    dy_stored, _ = _load_tile(dy_ptr, rows, cols, n_rows, n_cols)
+    for _tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        if LOAD_AHEAD:
+            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
         mask = (rows < n_rows) & (cols < n_cols)
-        offsets = rows * n_cols + cols
-        x = _load(x_ptr + offsets, mask)
-        dy = _load(dy_ptr + offsets, mask)
+        x = _widen(x_stored)
+        dy = _widen(dy_stored)
         xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
         g = dy
         if HAS_WEIGHT:
@@ -354,6 +374,10 @@ def normalize_rows_backward(
             dw_acc += tl.where(mask, dy * xhat, 0.0)
         if BIAS_GRAD:
             db_acc += dy
+        if not LOAD_AHEAD:
+            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
+        rows, offsets, x_stored, dy_stored = rows + step, next_offsets, x_next, dy_next
     partial = tl.program_id(0).to(tl.int64) * n_cols + tl.arange(0, BLOCK_N)
     in_row = tl.arange(0, BLOCK_N) < n_cols
     if WEIGHT_GRAD:
@@ -466,11 +490,11 @@ def layer_norm_forward_long_rows_kernel(
 def layer_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD,
     )  # fmt: skip
 
 
@@ -535,7 +559,19 @@ _CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
 
 # The backward's programs (see _backward_programs).  Module-level so that a
 # test can shrink them and reach every design with small tensors.
-_PROGRAMS_PER_SM = 2  # CUDA; a starting point, to be tuned on the hardware
+_PROGRAMS_PER_SM = 2  # CUDA, the long-row design's (row group, chunk) programs
+# The short-row backward: a 4096-element tile on 16 warps takes 64 registers a thread
+# (two programs fit an SM), and 81-100 with the next tile loaded ahead (one fits; a
+# second program an SM then only queues behind the first, a tail).  The next tile is
+# loaded ahead where a tile of the widest input is at most _LOAD_AHEAD_BYTES.  H100,
+# layer_norm, % of a same-size copy at 65536x256 / 4096x4096 / 16384x4096 / 8192x8192
+# / 16384x8192 / 262144x128 / 32768x1000, two programs an SM loading after the store
+# -> one loading ahead: bf16 54 / 60 / 71 / 63 / 67 / 75 / 32 -> 61 / 67 / 76 / 82 /
+# 84 / 73 / 43; float32 77 / 82 / 92 / 87 / 90 / 84 / 53 -> 84 / 88 / 93 / 82 / 84 /
+# 91 / 76.  Float32 tiles of 8192 (32 warps at their 64-register limit) spill loading
+# ahead: they load after the store, one an SM, 89 / 91 (docs/perf-notes.md, version 27).
+_SHORT_ROW_PROGRAMS_PER_SM = 1
+_LOAD_AHEAD_BYTES = 16384
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
@@ -558,21 +594,19 @@ def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32
     return block_m, block_n
 
 
-def _backward_programs(work_items, n_rows, device: torch.device) -> int:
+def _backward_programs(work_items, n_rows, device: torch.device, per_sm: int = _PROGRAMS_PER_SM) -> int:
     """How many programs share the backward, each writing one partial row.
 
-    _PROGRAMS_PER_SM per SM (a second program can load while the first
-    reduces and stores), never more than the work items (tiles, or row
-    groups), and at least
-    _MIN_ROWS_PER_PROGRAM rows each: a program with one row would write a
-    float32 partial as large as the row it read, and the column sum would
-    read it all again."""
-    bound = at_most(n_rows // _MIN_ROWS_PER_PROGRAM, _target_programs(device))
+    `per_sm` per SM, never more than the work items (tiles, or row groups),
+    and at least _MIN_ROWS_PER_PROGRAM rows each: a program with one row
+    would write a float32 partial as large as the row it read, and the
+    column sum would read it all again."""
+    bound = at_most(n_rows // _MIN_ROWS_PER_PROGRAM, _target_programs(device, per_sm))
     return max(1, at_most(work_items, bound))
 
 
-def _target_programs(device: torch.device) -> int:
-    return _PROGRAMS_PER_SM * _sm_count(device.index) if device.type == "cuda" else _CPU_PROGRAMS
+def _target_programs(device: torch.device, per_sm: int = _PROGRAMS_PER_SM) -> int:
+    return per_sm * _sm_count(device.index) if device.type == "cuda" else _CPU_PROGRAMS
 
 
 def _launch(kernel, grid, *args, **constexprs):
@@ -624,11 +658,13 @@ def normalize_backward(
 
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
-        n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device)
+        n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device, _SHORT_ROW_PROGRAMS_PER_SM)
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
+        load_ahead = block_m * block_n * max(x.element_size(), grad.element_size()) <= _LOAD_AHEAD_BYTES
         _launch(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
-            **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps_for(block_m * block_n, per_thread=8),
+            **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead,
+            num_warps=warps_for(block_m * block_n, per_thread=8),
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

@@ -84,11 +84,11 @@ def rms_norm_forward_long_rows_kernel(
 def rms_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD,
     )  # fmt: skip
 
 

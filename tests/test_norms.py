@@ -451,6 +451,35 @@ def test_float32_params_with_a_16bit_x_at_model_sizes(device):
         )
 
 
+def test_the_short_row_backward_loads_ahead_by_tile_bytes(small_blocks, monkeypatch):
+    """Tiles of at most _LOAD_AHEAD_BYTES of the widest input load the next tile before this one's
+    math, larger ones after its store: the same sums in the same order, so the same bits."""
+    flags = []
+    launch = norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        if "LOAD_AHEAD" in kwargs:
+            flags.append(kwargs["LOAD_AHEAD"])
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    x = torch.randn(37, 20, dtype=torch.bfloat16)  # tiles of 1 row of 32 lanes, several a program
+    weight, bias = params(20, "cpu", torch.float32)
+    results = {}
+    for grad_dtype in (torch.bfloat16, torch.float32):  # float32: a float32 result's gradient
+        grad = torch.randn(37, 20, dtype=grad_dtype)
+        for limit in (32 * grad.element_size(), 32 * grad.element_size() - 1):
+            monkeypatch.setattr(norm_ops, "_LOAD_AHEAD_BYTES", limit)
+            flags.clear()
+            results[limit == 32 * grad.element_size()] = [
+                torch.ops.tk.layer_norm_backward(grad, x, [20], weight, 1e-5, True, True),
+                torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True),
+            ]
+            assert flags == [limit == 32 * grad.element_size()] * 2
+        for ahead, after in zip(results[True], results[False], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(ahead, after, strict=True))
+
+
 def test_long_rows_gradcheck(small_blocks, launched):
     x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, dtype=torch.float64, requires_grad=True)
@@ -478,6 +507,8 @@ def test_the_design_rules(monkeypatch):
             assert 1 <= programs <= min(target, tiles)
             assert programs == 1 or n_rows / programs >= norm_ops._MIN_ROWS_PER_PROGRAM
     assert norm_ops._backward_programs(1 << 20, 1 << 20, cuda) == target  # big inputs fill every SM
+    short_rows = norm_ops._backward_programs(1 << 20, 1 << 20, cuda, norm_ops._SHORT_ROW_PROGRAMS_PER_SM)
+    assert short_rows == 132  # one an SM: a program loading ahead holds its registers
 
 
 # ------------------------------------------------------------ PyTorch side
