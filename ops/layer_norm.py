@@ -34,8 +34,9 @@ Forward, two designs, by row length:
 
 Backward, two designs, by row length:
 
-* short rows: a fixed number of programs (a few per SM, see
-  _backward_programs), each looping over row tiles.  A program loads a
+* short rows: a fixed number of programs (one an SM, see
+  _SHORT_ROW_PROGRAMS_PER_SM), each looping over row tiles, the next
+  tile's loads in flight during this one's math.  A program loads a
   tile of x and dy once, recomputes mean and rstd, writes dx, and adds
   dy * xhat (and dy) to dw/db accumulators held in registers for its whole
   run.  At the end it writes them as its own row of a (n_programs, N)
@@ -547,9 +548,9 @@ LAYER_NORM_KERNELS = NormKernels(
 # bandwidth on an H100 (rms_norm bf16 4096x32768; 94% layer_norm), where
 # the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The
 # backward keeps x, dy, w, xhat, g and two accumulators live and runs 8
-# elements a thread: 80 registers for a 4096
-# tile on 16 warps (8 warps would need 160), 64 for 8192 columns on 32
-# warps, its limit.  float64 values take two registers: half the blocks
+# elements a thread: 64-99 registers for a 4096 tile on 16 warps (81-100
+# loading the next tile ahead; 8 warps would need twice as many), 64 for
+# 8192 columns on 32 warps, its limit (Triton 3.6, sm_90).  float64 values take two registers: half the blocks
 # and tiles on the GPU (float64 on CUDA is for tests, not speed).  The
 # interpreter has no registers, only a Python cost per program and step.
 _MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
