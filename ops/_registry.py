@@ -134,6 +134,14 @@ def result_dtype(op: str, arg: str, dtype: torch.dtype | None, default: torch.dt
     return dtype
 
 
+def reads_as_float32(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether a result asked for in `dtype` can come from an x of `x_dtype` read as it is: a 16-bit
+    x into float32.  tk's kernels compute 16-bit inputs in float32, so casting x first (what a
+    `dtype` argument means in PyTorch, and autocast's cast) gives the same bits for 8 more
+    bytes an element."""
+    return dtype == torch.float32 and x_dtype in (torch.float16, torch.bfloat16)
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

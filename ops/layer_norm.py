@@ -79,6 +79,7 @@ from ._registry import (
     follow_autocast,
     launcher,
     needs_grad,
+    reads_as_float32,
     register_formula,
     register_op,
     register_spec,
@@ -733,10 +734,9 @@ def check_param(op: str, arg: str, t: Optional[torch.Tensor], x: torch.Tensor, s
         raise ValueError(f"tk.{op}: {arg} has shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-def result_dtype(op: str, x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.dtype:
-    """A norm's `dtype` argument: x's dtype when None, or float32 for a 16-bit x.  That x is read
-    as it is: the kernels compute in float32, so casting it first (what PyTorch's autocast does
-    for its norms on CUDA) would give the same numbers for 8 more bytes an element."""
+def norm_dtype(op: str, x: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.dtype:
+    """A norm's `dtype` argument: x's dtype when None, or float32 for a 16-bit x, which is then
+    read as it is (what PyTorch's autocast asks of its norms on CUDA, without its copy of x)."""
     if dtype is None or _can_be_result(x.dtype, dtype):
         return x.dtype if dtype is None else dtype
     raise TypeError(f"tk.{op}: dtype {dtype} is not supported for x of dtype {x.dtype}; {_RESULT_DTYPES}")
@@ -746,7 +746,7 @@ _RESULT_DTYPES = "a norm's result has x's dtype, or float32 for a float16 or bfl
 
 
 def _can_be_result(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
-    return dtype == x_dtype or (dtype == torch.float32 and x_dtype in (torch.float16, torch.bfloat16))
+    return dtype == x_dtype or reads_as_float32(x_dtype, dtype)
 
 
 def check_grad(op: str, grad: torch.Tensor, x: torch.Tensor) -> None:
@@ -794,7 +794,7 @@ def _layer_norm(
 ) -> torch.Tensor:
     """As F.layer_norm; `dtype` (None: x's) may be float32 for a 16-bit x, which is then read as it is."""
     check_tensor("layer_norm", "x", x)
-    dtype = result_dtype("layer_norm", x, dtype)
+    dtype = norm_dtype("layer_norm", x, dtype)
     n_cols = _normalized_size("layer_norm", x, normalized_shape)
     check_param("layer_norm", "weight", weight, x, normalized_shape)
     check_param("layer_norm", "bias", bias, x, normalized_shape)

@@ -53,7 +53,7 @@ from .layer_norm import (
     normalize_long_rows,
     normalize_rows,
     normalize_rows_backward,
-    result_dtype,
+    norm_dtype,
     row_statistics_backward,
 )
 
@@ -141,7 +141,7 @@ def _rms_norm(
 ) -> torch.Tensor:
     """As F.rms_norm over the last dim; `dtype` (None: x's) may be float32 for a 16-bit x, which is then read as it is."""
     check_tensor("rms_norm", "x", x)
-    dtype = result_dtype("rms_norm", x, dtype)
+    dtype = norm_dtype("rms_norm", x, dtype)
     n_cols = _row_length("rms_norm", x, weight)
     eps = default_eps(x.dtype) if eps is None else eps
     w = None if weight is None else weight.contiguous()

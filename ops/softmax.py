@@ -66,6 +66,7 @@ from ._registry import (
     launching_directly,
     register_formula,
     register_op,
+    reads_as_float32,
     register_spec,
     result_dtype,
 )
@@ -1051,13 +1052,6 @@ def _prod(sizes) -> int:
     return out
 
 
-def _read_as_float32(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
-    """Whether softmax(x, dtype=dtype) can read x as it is: a 16-bit x widened to float32.
-    The kernels compute 16-bit rows in float32, so casting x first (torch.softmax's
-    definition of `dtype`) would give the same bits at 8 more bytes an element."""
-    return dtype == torch.float32 and x_dtype in (torch.float16, torch.bfloat16)
-
-
 def _softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """As torch.softmax(x, dim, dtype): with `dtype`, x is cast to it first and y comes in it.
     A 16-bit x with dtype float32, what autocast asks for on CUDA and what attention
@@ -1066,7 +1060,7 @@ def _softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -
     dim = _normalize_dim("softmax", x, dim)
     _check_row_count("softmax", x, dim)
     dtype = result_dtype("softmax", "dtype", dtype, x.dtype)
-    if dtype != x.dtype and not _read_as_float32(x.dtype, dtype):
+    if dtype != x.dtype and not reads_as_float32(x.dtype, dtype):
         x = x.to(dtype)
     x = x.contiguous()  # the (outer, n_cols, inner) view needs the standard layout
     y = torch.empty_like(x, dtype=dtype)
