@@ -48,6 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind
 from ._launch import next_power_of_2
 from ._registry import (
@@ -105,9 +106,11 @@ def _classify_target(target_ptr, row, n_cols, ignore_index):
 def cross_entropy_forward_kernel(
     logits_ptr, target_ptr, loss_ptr, lse_ptr,
     n_cols, row_stride, ignore_index, label_smoothing,
-    SMOOTHING: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SMOOTHING: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Each row's loss and logsumexp, in one sweep over its logits."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    row_stride = known_multiple(row_stride, COL_MULTIPLE)
     row = tl.program_id(0).to(tl.int64)  # int64: row * row_stride may pass 2**31
     row_ptr = logits_ptr + row * row_stride
     target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
@@ -211,7 +214,7 @@ def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ign
 def cross_entropy_backward_kernel(
     logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
     n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g for one row.
 
@@ -219,6 +222,8 @@ def cross_entropy_backward_kernel(
     (stride 0 when it was expanded from a scalar), or one scalar for "sum"
     and "mean" (stride 0).
     """
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    row_stride = known_multiple(row_stride, COL_MULTIPLE)
     row = tl.program_id(0).to(tl.int64)
     target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
     lse = tl.load(lse_ptr + row)  # float32, or float64: the compute dtype
@@ -346,7 +351,8 @@ def _cross_entropy_forward(
         block, warps = _chunk(n_cols, device)
         launcher(cross_entropy_forward_kernel, logits)[(n_rows,)](
             logits, target, row_loss, lse, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
-            SMOOTHING=label_smoothing > 0, BLOCK_SIZE=block, num_warps=warps,
+            SMOOTHING=label_smoothing > 0, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)),
+            num_warps=warps,
         )  # fmt: skip
     if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
         launcher(cross_entropy_reduce_kernel, logits)[(1,)](
@@ -393,7 +399,7 @@ def _cross_entropy_backward(
     launcher(cross_entropy_backward_kernel, logits)[(n_rows,)](
         logits, target, lse, scale, dlogits,
         n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_SIZE=block, num_warps=warps,
+        BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
     )  # fmt: skip
     return dlogits
 

@@ -69,6 +69,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
@@ -293,9 +294,10 @@ def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEI
 def normalize_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Short rows: a tile of BLOCK_M whole rows per program, one read and one write."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
@@ -311,10 +313,11 @@ def normalize_rows(
 def normalize_long_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Long rows: one program per row; a sweep for the statistics, a sweep to write.
     (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows'.)"""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = tl.program_id(0).to(tl.int64) * n_cols
     mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
     rstd = _rstd(m2, n_cols, eps)
@@ -336,7 +339,7 @@ def _load_tile(ptr, rows, cols, n_rows, n_cols):
 def normalize_rows_backward(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
     it writes dx, and its sums of dy * xhat and dy as row pid of the scratches.
@@ -344,6 +347,7 @@ def normalize_rows_backward(
     LOAD_AHEAD issues the next tile's loads before this tile's math, so that they
     are in flight while it runs (the program then holds two tiles of x and dy);
     otherwise they are issued after this tile's store."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     cols = tl.arange(0, BLOCK_N)[None, :]
     if HAS_WEIGHT:
         w = _load(w_ptr + cols, cols < n_cols)  # once per program, reused by every row
@@ -395,9 +399,10 @@ _STATS = 4  # per row: mean, rstd, mean(g * xhat), mean(g)
 @triton.jit
 def row_statistics_backward(
     dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps,
-    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Long rows, pass 1: one sweep over a row for what dx needs (see _STATS)."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row = tl.program_id(0).to(tl.int64)
     start = row * n_cols
     mean_x, mean_g, m2, c = _row_comoments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, HAS_WEIGHT, BLOCK_N)
@@ -414,10 +419,11 @@ def row_statistics_backward(
 def columns_backward(
     dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Long rows, pass 2: program (group, chunk) writes dx on one column chunk of
     the rows group, group + n_groups, ..., and that chunk of its partial dw/db."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     group = tl.program_id(0)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -455,9 +461,12 @@ def columns_backward(
 
 
 @triton.jit
-def column_sum_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def column_sum_kernel(
+    partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr
+):
     """out[c] = sum over p of partial[p, c]: the second stage of the dw/db reduction.
     Each program owns BLOCK_N columns and walks down the partial rows."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _zeros_2d(partial_ptr, BLOCK_P, BLOCK_N)
     for first in range(0, n_partials, BLOCK_P):
@@ -476,45 +485,55 @@ def column_sum_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.cons
 def layer_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    normalize_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+    normalize_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def layer_norm_forward_long_rows_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    normalize_long_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+    normalize_long_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def layer_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
     )  # fmt: skip
 
 
 @triton.jit
 def layer_norm_backward_stats_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    row_statistics_backward(dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, True, HAS_WEIGHT, BLOCK_N)
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    row_statistics_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, True, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def layer_norm_backward_columns_kernel(
     dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     columns_backward(
         dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
-        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
     )  # fmt: skip
 
 
@@ -631,6 +650,7 @@ def normalize(kernels: NormKernels, x, weight, bias, eps: float, n_cols: int, dt
     # An absent weight or bias still takes a pointer argument: x stands in, never read.
     args = (x, x if weight is None else weight, x if bias is None else bias, y, n_rows, n_cols, eps)
     flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
+    flags["COL_MULTIPLE"] = column_multiple(n_cols)  # see ops/_alignment.py
     if _fits_a_block(n_cols, _MAX_BLOCK, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
         grid = (cdiv(n_rows, block_m),)
@@ -656,7 +676,9 @@ def normalize_backward(
         return dx, dw, db
     kind = _kind(x.device)
     w = x if weight is None else weight
+    col_multiple = column_multiple(n_cols)  # see ops/_alignment.py
     flags = {"HAS_WEIGHT": weight is not None, "WEIGHT_GRAD": weight_grad, "BIAS_GRAD": bias_grad}
+    flags["COL_MULTIPLE"] = col_multiple
 
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
@@ -673,7 +695,8 @@ def normalize_backward(
         stats = torch.empty(n_rows, _STATS, dtype=_compute_dtype(x), device=x.device)
         _launch(
             kernels.backward_stats, (n_rows,), grad, x, w, stats, n_cols, eps,
-            HAS_WEIGHT=weight is not None, BLOCK_N=chunk, num_warps=warps_for(chunk, per_thread=8),
+            HAS_WEIGHT=weight is not None, BLOCK_N=chunk, COL_MULTIPLE=col_multiple,
+            num_warps=warps_for(chunk, per_thread=8),
         )  # fmt: skip
         n_chunks = cdiv(n_cols, chunk)
         # About as many programs as the short-row design, spread over the chunks.
@@ -709,7 +732,7 @@ def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int) -> None:
     block_n = min(block_n, next_power_of_2(n_cols))
     _launch(
         column_sum_kernel, (cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
-        BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
+        BLOCK_P=block_p, BLOCK_N=block_n, COL_MULTIPLE=column_multiple(n_cols), num_warps=4,
     )  # fmt: skip
 
 

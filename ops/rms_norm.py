@@ -68,45 +68,55 @@ from .layer_norm import (
 def rms_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    normalize_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+    normalize_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def rms_norm_forward_long_rows_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    normalize_long_rows(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N)
+    normalize_long_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def rms_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
     )  # fmt: skip
 
 
 @triton.jit
 def rms_norm_backward_stats_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    row_statistics_backward(dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, False, HAS_WEIGHT, BLOCK_N)
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    row_statistics_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, False, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+    )
 
 
 @triton.jit
 def rms_norm_backward_columns_kernel(
     dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     columns_backward(
         dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
-        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
     )  # fmt: skip
 
 

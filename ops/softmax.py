@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._alignment import column_multiple, known_multiple
 from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
@@ -218,9 +219,12 @@ def _tile(n_rows, n_cols, inner, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def softmax_forward_kernel(x_ptr, y_ptr, n_rows, n_cols, inner, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def softmax_forward_kernel(
+    x_ptr, y_ptr, n_rows, n_cols, inner, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr
+):
     """Rows that fit in one block: a tile of BLOCK_M whole rows (one, for long
     rows), each reduced on its own in registers; one read and one write."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     offsets, read, write = _tile(n_rows, n_cols, inner, BLOCK_M, BLOCK_N)
     x = _compute_dtype(tl.load(x_ptr + offsets, mask=read, other=-float("inf")))  # -inf lanes add exp(-inf) = 0
     numerator = tl.exp(x - tl.max(x, axis=1)[:, None])  # subtracting the max keeps exp() from overflowing
@@ -229,8 +233,9 @@ def softmax_forward_kernel(x_ptr, y_ptr, n_rows, n_cols, inner, BLOCK_M: tl.cons
 
 
 @triton.jit
-def softmax_forward_online_kernel(x_ptr, y_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr):
+def softmax_forward_online_kernel(x_ptr, y_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr):
     """Rows longer than a block: online max and sum, then a second pass to write."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     row_max, row_sum = _online_max_sum(x_ptr, start, 0, n_cols, inner, BLOCK_SIZE)
     _write_softmax(x_ptr, y_ptr, start, 0, n_cols, inner, row_max, row_sum, BLOCK_SIZE)
@@ -262,7 +267,7 @@ def _rounded_product(a, b, NATIVE_16BIT: tl.constexpr):
 @triton.jit
 def softmax_backward_kernel(
     dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, inner,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_16BIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_16BIT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """dx = y * (dy - sum(dy * y)), a tile of BLOCK_M whole rows in one block.
 
@@ -274,6 +279,7 @@ def softmax_backward_kernel(
     less error than PyTorch's own kernel has (relative 1.7e-3 against 2.3e-3
     for bfloat16 at 65536 columns).  The cooperative backward rounds them the
     same way."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     offsets, read, write = _tile(n_rows, n_cols, inner, BLOCK_M, BLOCK_N)
     dy = tl.load(dy_ptr + offsets, mask=read, other=0.0)
     y = tl.load(y_ptr + offsets, mask=read, other=0.0)
@@ -283,8 +289,11 @@ def softmax_backward_kernel(
 
 
 @triton.jit
-def softmax_backward_looped_kernel(dy_ptr, y_ptr, dx_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr):
+def softmax_backward_looped_kernel(
+    dy_ptr, y_ptr, dx_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr
+):
     """Rows longer than a block: one pass for sum(dy * y), one to write dx."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     dot = _dot(dy_ptr, y_ptr, start, 0, n_cols, inner, BLOCK_SIZE)
     _write_dx(dy_ptr, y_ptr, dx_ptr, start, 0, n_cols, inner, dot, BLOCK_SIZE)
@@ -332,8 +341,11 @@ def _row_partials(ptr, row, n_segments, other, SEGMENTS_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def softmax_partial_stats_kernel(x_ptr, max_ptr, sum_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr):
+def softmax_partial_stats_kernel(
+    x_ptr, max_ptr, sum_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr
+):
     """Split rows, pass 1: the online (max, sum) of one segment of one row."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     seg_max, seg_sum = _online_max_sum(x_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
@@ -344,9 +356,11 @@ def softmax_partial_stats_kernel(x_ptr, max_ptr, sum_ptr, n_cols, inner, segment
 
 @triton.jit
 def softmax_normalize_segments_kernel(
-    x_ptr, y_ptr, max_ptr, sum_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr
-):
+    x_ptr, y_ptr, max_ptr, sum_ptr, n_cols, inner, segment_len,
+    BLOCK_SIZE: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
     """Split rows, pass 2: combine the row's partials, then write one segment."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row, segment = _reversed_program()
     seg_max = _row_partials(max_ptr, row, tl.num_programs(1), -float("inf"), SEGMENTS_BLOCK)
     seg_sum = _row_partials(sum_ptr, row, tl.num_programs(1), 0.0, SEGMENTS_BLOCK)
@@ -356,8 +370,11 @@ def softmax_normalize_segments_kernel(
 
 
 @triton.jit
-def softmax_backward_partial_dot_kernel(dy_ptr, y_ptr, dot_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr):
+def softmax_backward_partial_dot_kernel(
+    dy_ptr, y_ptr, dot_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr
+):
     """Split rows, pass 1: sum(dy * y) over one segment of one row."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     dot = _dot(dy_ptr, y_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
@@ -366,9 +383,11 @@ def softmax_backward_partial_dot_kernel(dy_ptr, y_ptr, dot_ptr, n_cols, inner, s
 
 @triton.jit
 def softmax_backward_segments_kernel(
-    dy_ptr, y_ptr, dx_ptr, dot_ptr, n_cols, inner, segment_len, BLOCK_SIZE: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr
-):
+    dy_ptr, y_ptr, dx_ptr, dot_ptr, n_cols, inner, segment_len,
+    BLOCK_SIZE: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
     """Split rows, pass 2: the row's dot is the sum of its partials; write dx for one segment."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row, segment = _reversed_program()
     dot = tl.sum(_row_partials(dot_ptr, row, tl.num_programs(1), 0.0, SEGMENTS_BLOCK), axis=0)
     first, end = _segment(segment, segment_len, n_cols)
@@ -519,7 +538,7 @@ def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner
 @triton.jit
 def softmax_forward_cooperative_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y.
 
@@ -528,6 +547,7 @@ def softmax_forward_cooperative_kernel(
     max) / row sum, with no second exp over the segment.  LOAD_NEXT: when the
     next round's segment is loaded (see _next_load), to stream in while this
     round works and waits: "before_partial" or "during_wait"."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
     x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
@@ -557,7 +577,7 @@ def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner
 @triton.jit
 def softmax_forward_lagged_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead: the next
     row's (max, sum) goes out before the wait for this row's words.
@@ -568,6 +588,7 @@ def softmax_forward_lagged_kernel(
     the words are usually there when it looks.  The price is two segments'
     numerators in registers, which float32 affords on segments of 4096
     columns (16-bit rows: see _COOPERATIVE_FORWARD)."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
     seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
@@ -618,11 +639,12 @@ def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, i
 @triton.jit
 def softmax_backward_lagged_kernel(
     dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead (see
     softmax_forward_lagged_kernel): the next row's sum(dy * y) goes out
     before the wait for this row's words, then dx is written."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
     dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
@@ -981,6 +1003,7 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
     kind = _kind(like.device)
     block = next_power_of_2(n_cols)
     flags = {"NATIVE_16BIT": kind == "cuda"} if kernels is _BACKWARD else {}  # see _rounded_product
+    col_multiple = flags["COL_MULTIPLE"] = column_multiple(n_cols)  # see ops/_alignment.py
     if block <= _MAX_BLOCK[kind]:
         return _run_rows(kernels.single, tensors, n_rows, n_cols, inner, block, **flags)
     setup = kernels.cooperative.get(_widest(tensors))
@@ -997,13 +1020,14 @@ def _launch(kernels: _Kernels, tensors, n_cols, inner):
         return _run_cooperative(setup, plan, tensors, n_cols, inner, **flags)
     n_segments, segment_len = _split(n_rows, n_cols, like.device)
     if n_segments == 1:
-        return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind])
+        return _run(kernels.looped, (n_rows,), tensors, n_cols, inner, BLOCK_SIZE=_CHUNK[kind], COL_MULTIPLE=col_multiple)
     # Split rows: pass 1 writes one partial per (row, segment); pass 2 combines a row's partials.
     partials = _scratch_partials(tensors[0], n_rows, n_segments, kernels.n_partials)
     grid, sizes = (n_rows, n_segments), (n_cols, inner, segment_len)
-    _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind])
+    _run(kernels.partials, grid, (*tensors[:-1], *partials), *sizes, BLOCK_SIZE=_CHUNK[kind], COL_MULTIPLE=col_multiple)
     segments_block = next_power_of_2(n_segments)
-    _run(kernels.finish, grid, (*tensors, *partials), *sizes, BLOCK_SIZE=_CHUNK[kind], SEGMENTS_BLOCK=segments_block)
+    _run(kernels.finish, grid, (*tensors, *partials), *sizes, BLOCK_SIZE=_CHUNK[kind], SEGMENTS_BLOCK=segments_block,
+         COL_MULTIPLE=col_multiple)  # fmt: skip
 
 
 def _run_rows(kernel, tensors, n_rows, n_cols, inner, block, **flags):

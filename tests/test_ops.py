@@ -14,6 +14,7 @@ from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, pytorch_
 from ops import gelu as gelu_ops  # the modules, for their design constants
 from ops import matmul as matmul_ops
 from ops import softmax as softmax_ops
+from ops._alignment import column_multiple
 
 
 def pick(device, cpu, cuda):
@@ -506,6 +507,7 @@ def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
     words = softmax_ops._unpublished_words(tensors[-1], n_rows, n_segments)
     flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
+    flags["COL_MULTIPLE"] = column_multiple(n_cols)
     if not setup.lagged:
         flags["LOAD_NEXT"] = load_next
     outputs, published = [], None
