@@ -567,12 +567,10 @@ LAYER_NORM_KERNELS = NormKernels(
 # 32768-column row on 32 warps (32 elements a thread) ran at 97% of copy
 # bandwidth on an H100 (rms_norm bf16 4096x32768; 94% layer_norm), where
 # the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The
-# backward keeps x, dy, w, xhat, g and two accumulators live and runs 8
-# elements a thread: 64-99 registers for a 4096 tile on 16 warps (81-100
-# loading the next tile ahead; 8 warps would need twice as many), 64 for
-# 8192 columns on 32 warps, its limit (Triton 3.6, sm_90).  float64 values take two registers: half the blocks
-# and tiles on the GPU (float64 on CUDA is for tests, not speed).  The
-# interpreter has no registers, only a Python cost per program and step.
+# backward keeps x, dy, w, xhat, g and two accumulators live: see
+# _BACKWARD_TILE_BYTES for its tiles.  float64 values take two registers: half
+# the blocks and tiles on the GPU (float64 on CUDA is for tests, not speed).
+# The interpreter has no registers, only a Python cost per program and step.
 _MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
 _MAX_BLOCK_BACKWARD = {"cuda": 8192, "cpu": 1 << 16}
 _TILE = {"cuda": 4096, "cpu": 1 << 14}  # short rows are stacked up to about this many elements a program
@@ -581,18 +579,31 @@ _CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
 # The backward's programs (see _backward_programs).  Module-level so that a
 # test can shrink them and reach every design with small tensors.
 _PROGRAMS_PER_SM = 2  # CUDA, the long-row design's (row group, chunk) programs
-# The short-row backward: a 4096-element tile on 16 warps takes 64 registers a thread
-# (two programs fit an SM), and 81-100 with the next tile loaded ahead (one fits; a
-# second program an SM then only queues behind the first, a tail).  The next tile is
-# loaded ahead where a tile of the widest input is at most _LOAD_AHEAD_BYTES.  H100,
-# layer_norm, % of a same-size copy at 65536x256 / 4096x4096 / 16384x4096 / 8192x8192
-# / 16384x8192 / 262144x128 / 32768x1000, two programs an SM loading after the store
-# -> one loading ahead: bf16 54 / 60 / 71 / 63 / 67 / 75 / 32 -> 61 / 67 / 76 / 82 /
-# 84 / 73 / 43; float32 77 / 82 / 92 / 87 / 90 / 84 / 53 -> 84 / 88 / 93 / 82 / 84 /
-# 91 / 76.  Float32 tiles of 8192 (32 warps at their 64-register limit) spill loading
-# ahead: they load after the store, one an SM, 89 / 91 (docs/perf-notes.md, version 27).
+# The short-row backward, one program an SM, each loading its next tile during this
+# tile's math where a tile of the widest input is at most _LOAD_AHEAD_BYTES (the
+# program then holds two tiles: 81-128 registers a thread, so a second program an SM
+# would only queue behind the first).  A tile is about 16 KB of the widest input, 32
+# bytes of it a thread: float32 4096 elements on 16 warps, 16-bit 8192 on 16 warps.
+# Float32 tiles of 8192 columns (32 warps at their 64-register limit) spill loading
+# ahead, and load after the store.  H100, layer_norm, % of a same-size copy:
+#   version 27, loading ahead, one an SM (two an SM loading after the store before):
+#   65536x256 / 4096x4096 / 16384x4096 / 8192x8192 / 16384x8192 / 262144x128 bf16
+#   54 / 60 / 71 / 63 / 67 / 75 -> 61 / 67 / 76 / 82 / 84 / 73; float32 77 / 82 / 92
+#   / 87 / 90 / 84 -> 84 / 88 / 93 / 82 / 84 / 91 (8192 columns after the store: 89 / 91);
+#   version 28, 16-bit tiles of 4096 at 8 a thread -> 8192 at 16 a thread, bf16 at
+#   262144x128 / 65536x256 / 65536x512 / 32768x1000 / 65536x1024 / 16384x3072 /
+#   16384x4096 / 8192x8192: 73 / 61 / 70 / 67 / 75 / 60 / 76 / 86 -> 85 / 69 / 78 /
+#   77 / 87 / 78 / 91 / 90.  Float32 tiles of 4096 at 16 a thread (8 warps, 160-188
+#   registers) lost 1-23 points.
+# 16-bit rows of a 2048-column block are the exception, measured and not understood:
+# 4 rows a tile on 16 warps ran at 50-63%, 2 rows on 8 warps (16 a thread) at 63-78,
+# against 61-76 for the version-27 tile (8192x2048 / 16384x2048 / 32768x2048 / 32768x1536).
+# (docs/perf-notes.md, versions 27 and 28.)
 _SHORT_ROW_PROGRAMS_PER_SM = 1
 _LOAD_AHEAD_BYTES = 16384
+_BACKWARD_TILE_BYTES = 16384
+_BACKWARD_THREAD_BYTES = 32
+_NARROWER_BACKWARD_TILES = {(2, 2048): 4096}  # (widest element's bytes, BLOCK_N): tile elements
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
@@ -613,6 +624,17 @@ def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32
     block_n = next_power_of_2(n_cols)
     block_m = next_power_of_2(at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
     return block_m, block_n
+
+
+def _backward_tile(n_rows, n_cols: int, kind: str, widest: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the short-row backward, whose widest input has
+    elements of `widest` bytes: about _BACKWARD_TILE_BYTES of it, _BACKWARD_THREAD_BYTES a thread."""
+    if kind != "cuda":
+        return (*_row_tile(n_rows, n_cols, kind), 1)
+    block_n = next_power_of_2(n_cols)
+    tile = _NARROWER_BACKWARD_TILES.get((widest, block_n), _BACKWARD_TILE_BYTES // widest)
+    block_m = next_power_of_2(at_most(n_rows, max(1, tile // block_n)))
+    return block_m, block_n, warps_for(block_m * block_n, per_thread=_BACKWARD_THREAD_BYTES // widest)
 
 
 def _backward_programs(work_items, n_rows, device: torch.device, per_sm: int = _PROGRAMS_PER_SM) -> int:
@@ -681,14 +703,14 @@ def normalize_backward(
     flags["COL_MULTIPLE"] = col_multiple
 
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
-        block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
+        widest = max(x.element_size(), grad.element_size())
+        block_m, block_n, warps = _backward_tile(n_rows, n_cols, kind, widest)
         n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device, _SHORT_ROW_PROGRAMS_PER_SM)
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
-        load_ahead = block_m * block_n * max(x.element_size(), grad.element_size()) <= _LOAD_AHEAD_BYTES
+        load_ahead = block_m * block_n * widest <= _LOAD_AHEAD_BYTES
         _launch(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
-            **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead,
-            num_warps=warps_for(block_m * block_n, per_thread=8),
+            **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead, num_warps=warps,
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

@@ -511,6 +511,26 @@ def test_the_design_rules(monkeypatch):
     assert short_rows == 132  # one an SM: a program loading ahead holds its registers
 
 
+@pytest.mark.parametrize("widest", [2, 4, 8])
+def test_the_short_row_backward_tile_rule(widest):
+    """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread; the 2048-column
+    16-bit exception takes half that.  A tile of at most _LOAD_AHEAD_BYTES loads ahead."""
+    for n_rows in [1, 3, 100, 1 << 20]:
+        for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
+            block_m, block_n, warps = norm_ops._backward_tile(n_rows, n_cols, "cuda", widest)
+            assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
+            tile_bytes = 8192 if (widest, block_n) == (2, 2048) else 16384
+            assert block_m == 1 or block_m * block_n * widest <= tile_bytes
+            assert block_m < 2 * n_rows  # no tile of padding rows only
+            if n_rows == 1 << 20:
+                assert block_m * block_n * widest == max(tile_bytes, block_n * widest)
+            assert warps == min(max(block_m * block_n * widest // (32 * 32), 1), 32)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 2) == (2, 4096, 16)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 4) == (1, 4096, 16)
+    assert norm_ops._backward_tile(1 << 20, 2048, "cuda", 2) == (2, 2048, 8)
+    assert norm_ops._backward_tile(1 << 20, 8192, "cuda", 4) == (1, 8192, 32)
+
+
 # ------------------------------------------------------------ PyTorch side
 
 
