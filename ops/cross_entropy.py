@@ -16,7 +16,8 @@ The softmax is never materialized.  With vocabularies of 128k+ columns a
 row is too long for one block, so the forward runs one program per row
 that sweeps the row once in chunks, keeping a running maximum m and a
 running sum of exp(x - m), rescaled by exp(m_old - m_new) whenever the
-maximum grows (the *online* logsumexp).  x_t is a single extra load.  The
+maximum grows (the *online* logsumexp).  x_t is a single extra load.  Rows
+of a few hundred classes are stacked several to a program instead.  The
 forward writes each row's loss and its logsumexp; the backward reads the
 logits once more and recomputes exp(x - lse) from the saved logsumexp, so
 a training step reads the logits twice and writes the gradient once, the
@@ -50,7 +51,7 @@ import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind
-from ._launch import next_power_of_2
+from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
     FLOAT32_RESULT,
     NAMESPACE,
@@ -72,9 +73,11 @@ REDUCTIONS = ("none", "mean", "sum")
 
 
 @triton.jit
-def _load_logits(row_ptr, cols, end):
-    """Columns `cols` of a row; those at or past `end` read as -inf, which adds exp(-inf) = 0."""
-    x = tl.load(row_ptr + cols, mask=cols < end, other=-float("inf"))
+def _load_logits(row_ptrs, cols, n_cols, kept):
+    """Columns `cols` of the rows at `row_ptrs` (`kept`: which are read); the others read as -inf,
+    which adds exp(-inf) = 0.  (A mask made as (cols < n_cols) & kept, not cols < where(kept, n_cols, 0):
+    the compiler sees through the first that a 16-byte run of a row is all in or all out, not the second.)"""
+    x = tl.load(row_ptrs + cols, mask=(cols < n_cols) & kept, other=-float("inf"))
     if x.dtype != tl.float64:  # resolved at compile time: half and float32 compute in float32
         x = x.to(tl.float32)
     return x
@@ -88,10 +91,10 @@ def _finite_or_zero(row_max):
 
 
 @triton.jit
-def _classify_target(target_ptr, row, n_cols, ignore_index):
-    """(target, ignored, in_range) of a row: its class, whether it is skipped,
-    and whether a kept row's class is a valid column."""
-    target = tl.load(target_ptr + row)
+def _classify_target(target_ptr, rows, n_rows, n_cols, ignore_index):
+    """(target, ignored, in_range) of `rows`: their classes, whether each is skipped (a row
+    past the last is, too), and whether a kept row's class is a valid column."""
+    target = tl.load(target_ptr + rows, mask=rows < n_rows, other=ignore_index)
     ignored = target == ignore_index
     in_range = (target >= 0) & (target < n_cols)
     return target, ignored, in_range
@@ -105,25 +108,33 @@ def _classify_target(target_ptr, row, n_cols, ignore_index):
 @triton.jit
 def cross_entropy_forward_kernel(
     logits_ptr, target_ptr, loss_ptr, lse_ptr,
-    n_cols, row_stride, ignore_index, label_smoothing,
-    SMOOTHING: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    n_rows, n_cols, row_stride, ignore_index, label_smoothing,
+    SMOOTHING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    """Each row's loss and logsumexp, in one sweep over its logits."""
+    """Each row's loss and logsumexp, in one sweep over its logits.
+
+    A program takes BLOCK_M rows (short rows are stacked into a tile; long
+    rows are one a program) and sweeps them in BLOCK_SIZE-column chunks,
+    each chunk's load issued before the previous chunk is reduced, so that
+    memory is busy while the program computes.  The row loads wait only on
+    the targets (an ignored row is not read); x_t is loaded with them."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
-    row = tl.program_id(0).to(tl.int64)  # int64: row * row_stride may pass 2**31
-    row_ptr = logits_ptr + row * row_stride
-    target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
-    # An ignored row reads nothing: with end = 0 every load below is masked off.
-    end = tl.where(ignored, 0, n_cols)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * row_stride may pass 2**31
+    target, ignored, in_range = _classify_target(target_ptr, rows, n_rows, n_cols, ignore_index)
+    row_ptrs = logits_ptr + rows[:, None] * row_stride
+    # An ignored row (or one past the last) reads nothing: every load below is masked off for it.
+    kept = (~ignored)[:, None]
+    x_target = tl.load(logits_ptr + rows * row_stride + target, mask=in_range & ~ignored, other=0.0)
 
     # The first chunk starts the running max and sum, so they take the compute
     # dtype (float32, or float64) from the data: Triton on CUDA refuses a loop
     # variable whose type would change from float32 to float64 inside the loop.
-    cols = tl.arange(0, BLOCK_SIZE)
-    x = _load_logits(row_ptr, cols, end)
-    run_max = tl.max(x, axis=0)
-    run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)), axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)[None, :]
+    x = _load_logits(row_ptrs, cols, n_cols, kept)
+    x_next = _load_logits(row_ptrs, BLOCK_SIZE + cols, n_cols, kept)  # all masked off (no traffic) for rows of one chunk
+    run_max = tl.max(x, axis=1)
+    run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
     if SMOOTHING:
         # mean(x) - anchor, for the smoothing term's mean logit, as a running
         # sum of (x - anchor) / n (masked lanes add 0, not -inf).  Summing x
@@ -132,34 +143,34 @@ def cross_entropy_forward_kernel(
         # logit, and each term is divided by n before it is added, so the sum
         # stays within the range of the logits (one logit of 1e38 among 70001
         # pushed a plain sum of x - anchor past float32's range).
-        finite = (cols < end) & (x == x) & (tl.abs(x) < float("inf"))
-        anchor = tl.sum(tl.where(finite, x, 0.0), axis=0) / tl.maximum(tl.sum(finite.to(x.dtype), axis=0), 1.0)
-        run_mean = tl.sum(tl.where(cols < end, (x - anchor) / n_cols, 0.0), axis=0)
-    for chunk in range(BLOCK_SIZE, end, BLOCK_SIZE):
-        cols = chunk + tl.arange(0, BLOCK_SIZE)
-        x = _load_logits(row_ptr, cols, end)
-        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        finite = (cols < n_cols) & kept & (x == x) & (tl.abs(x) < float("inf"))
+        anchor = tl.sum(tl.where(finite, x, 0.0), axis=1) / tl.maximum(tl.sum(finite.to(x.dtype), axis=1), 1.0)
+        run_mean = tl.sum(tl.where((cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+    last = tl.max(tl.where(ignored, 0, n_cols))  # 0 when every row is ignored: no chunk loop at all
+    for chunk in range(BLOCK_SIZE, last, BLOCK_SIZE):
+        x = x_next
+        x_next = _load_logits(row_ptrs, chunk + BLOCK_SIZE + cols, n_cols, kept)
+        new_max = tl.maximum(run_max, tl.max(x, axis=1))
         shift = _finite_or_zero(new_max)
         # Rescale the sum so far from the old max to the new one, then add this chunk.
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
         run_max = new_max
         if SMOOTHING:
-            run_mean += tl.sum(tl.where(cols < end, (x - anchor) / n_cols, 0.0), axis=0)
+            run_mean += tl.sum(tl.where((chunk + cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
     # An ignored row summed nothing: log(1) instead of log(0), its lse is unused.
     log_sum = tl.log(tl.where(ignored, 1.0, run_sum))
     lse = run_max + log_sum
 
-    # x_t: one more load, of a single element, skipped when t is not a column.
-    x_target = tl.load(row_ptr + target, mask=in_range & (end > 0), other=0.0).to(lse.dtype)
     # (max - x_t) + log_sum rather than lse - x_t: with logits of 1e9, lse
     # would round log_sum away.  An all -inf row gives -inf - -inf = NaN, as in PyTorch.
-    loss = (run_max - x_target) + log_sum
+    loss = (run_max - x_target.to(lse.dtype)) + log_sum
     if SMOOTHING:  # resolved at compile time: with s = 0 a -inf logit must not turn 0 * -inf into NaN
         smoothing = tl.cast(label_smoothing, lse.dtype)
         loss = (1.0 - smoothing) * loss + smoothing * (((run_max - anchor) - run_mean) + log_sum)
     loss = tl.where(in_range, loss, float("nan"))  # an out-of-range target: NaN, see the module docstring
-    tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss).to(loss_ptr.dtype.element_ty))
-    tl.store(lse_ptr + row, tl.where(ignored, 0.0, lse))  # 0 keeps exp(x - lse) finite in the backward
+    exists = rows < n_rows
+    tl.store(loss_ptr + rows, tl.where(ignored, 0.0, loss).to(loss_ptr.dtype.element_ty), mask=exists)
+    tl.store(lse_ptr + rows, tl.where(ignored, 0.0, lse), mask=exists)  # 0 keeps exp(x - lse) finite in the backward
 
 
 @triton.jit
@@ -213,7 +224,7 @@ def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ign
 @triton.jit
 def cross_entropy_backward_kernel(
     logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
-    n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
+    n_rows, n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
     BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g for one row.
@@ -225,7 +236,7 @@ def cross_entropy_backward_kernel(
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
     row = tl.program_id(0).to(tl.int64)
-    target, ignored, in_range = _classify_target(target_ptr, row, n_cols, ignore_index)
+    target, ignored, in_range = _classify_target(target_ptr, row, n_rows, n_cols, ignore_index)
     lse = tl.load(lse_ptr + row)  # float32, or float64: the compute dtype
     scale = tl.load(scale_ptr + row * scale_stride).to(lse.dtype)
     scale = tl.where(in_range, scale, float("nan"))  # an out-of-range target: a NaN row
@@ -256,14 +267,38 @@ def cross_entropy_backward_kernel(
 # memory latency with a few programs per SM (as in softmax's online kernel);
 # the interpreter has no registers, only per-chunk Python overhead.
 _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
-# The single-program reductions over the N rows.
-_REDUCE_BLOCK = {"cuda": 1024, "cpu": 1 << 16}
+# The forward stacks rows of at most _STACKED_ROW columns into tiles of about
+# _ROW_TILE elements, 8 a thread: one 100-class row a program leaves most lanes
+# idle, and each program waits on its targets before it reads its rows.  H100,
+# % of a copy of the logits' bytes, one row a program loading x_t last and each
+# chunk after the last one's math -> now (row tiles, x_t loaded with the rows,
+# the next chunk ahead; docs/perf-notes.md, version 28), at 65536x100 / 32768x1000
+# / 16384x4096 / 4096x32000 / 4096x50257 / 8192x128256: bf16 4.7 / 51 / 75 / 102 /
+# 92 / 114 -> 11.6 / 63 / 74 / 105 / 96 / 116; float32 7.6 / 73 / 102 / 114 / 113 /
+# 119 -> 19 / 89 / 102 / 116 / 111 / 120.  Rows of 1000 columns stacked two or four
+# a program lost 19-38 points; at 65536x100 the mean's one-program sum over the row
+# losses costs the other quarter (reduction="none": 16.1).
+_STACKED_ROW = {"cuda": 256, "cpu": 1 << 14}
+_ROW_TILE = {"cuda": 2048, "cpu": 1 << 14}
+# The single-program reductions over the N rows, about 16 a thread.
+_REDUCE_BLOCK = {"cuda": 8192, "cpu": 1 << 16}
 
 
 def _chunk(n_cols: int, device: torch.device) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) of the row kernels: about 16 elements per thread."""
     block = min(next_power_of_2(n_cols), _MAX_CHUNK[_kind(device)])
     return block, min(max(block // 512, 1), 8)
+
+
+def _forward_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_SIZE, num_warps) of the forward: rows of at most _STACKED_ROW columns stacked
+    into tiles of about _ROW_TILE elements, longer rows one a program (see _chunk)."""
+    block, warps = _chunk(n_cols, device)
+    kind = _kind(device)
+    if block > _STACKED_ROW[kind]:
+        return 1, block, warps
+    rows = next_power_of_2(at_most(n_rows, max(1, _ROW_TILE[kind] // block)))
+    return rows, block, warps_for(rows * block, per_thread=8)
 
 
 def _reduce_block(n_rows: int, device: torch.device) -> int:
@@ -348,16 +383,17 @@ def _cross_entropy_forward(
         loss = torch.empty((), dtype=loss_dtype, device=device)
         row_loss = torch.empty(n_rows, dtype=compute, device=device)
     if n_rows > 0:
-        block, warps = _chunk(n_cols, device)
-        launcher(cross_entropy_forward_kernel, logits)[(n_rows,)](
-            logits, target, row_loss, lse, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
-            SMOOTHING=label_smoothing > 0, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)),
-            num_warps=warps,
+        rows, block, warps = _forward_tile(n_rows, n_cols, device)
+        launcher(cross_entropy_forward_kernel, logits)[(cdiv(n_rows, rows),)](
+            logits, target, row_loss, lse, n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
+            SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block,
+            COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
         )  # fmt: skip
     if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
+        reduce_block = _reduce_block(n_rows, device)
         launcher(cross_entropy_reduce_kernel, logits)[(1,)](
             row_loss, target, loss, n_rows, ignore_index,
-            MEAN=reduction == "mean", BLOCK_SIZE=_reduce_block(n_rows, device), num_warps=4,
+            MEAN=reduction == "mean", BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block),
         )  # fmt: skip
     return loss, lse
 
@@ -392,13 +428,14 @@ def _cross_entropy_backward(
     scale, scale_stride = grad, (grad.stride(0) if reduction == "none" else 0)
     if reduction == "mean":  # one scalar, grad / kept rows, computed on the device
         scale = torch.empty((), dtype=lse.dtype, device=logits.device)
+        reduce_block = _reduce_block(n_rows, logits.device)
         launcher(cross_entropy_mean_scale_kernel, logits)[(1,)](
-            grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=_reduce_block(n_rows, logits.device), num_warps=4
+            grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
         )
     block, warps = _chunk(n_cols, logits.device)
     launcher(cross_entropy_backward_kernel, logits)[(n_rows,)](
         logits, target, lse, scale, dlogits,
-        n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
+        n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
         BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
     )  # fmt: skip
     return dlogits

@@ -78,7 +78,7 @@ ROW_KERNELS = {
         softmax.softmax_backward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024, "NATIVE_16BIT": True}, 8, 0,
     ),
     "cross_entropy forward": (
-        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY, {"SMOOTHING": False, "BLOCK_SIZE": 1024}, 4, 1,  # the target's logit
+        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY, {"SMOOTHING": False, "BLOCK_M": 1, "BLOCK_SIZE": 1024}, 4, 1,  # the target's logit
     ),
     "cross_entropy backward": (
         cross_entropy.cross_entropy_backward_kernel,

@@ -554,3 +554,33 @@ def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
 
     monkeypatch.setitem(module._MAX_CHUNK, "cpu", module._MAX_CHUNK["cuda"])
     test_numerically_stable("cpu", 70_001)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Forward tiles of 4 rows (rows shorter than 64 columns stacked) swept in chunks of 16 columns."""
+    from ops import cross_entropy as module
+
+    monkeypatch.setitem(module._MAX_CHUNK, "cpu", 16)
+    monkeypatch.setitem(module._ROW_TILE, "cpu", 64)
+    monkeypatch.setitem(module._STACKED_ROW, "cpu", 16)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
+@pytest.mark.parametrize("n_cols", [6, 12, 50])  # tiles of 8 rows of one chunk, of 4 rows of one chunk, of 4 of four
+def test_tiles_of_several_rows(small_tiles, n_cols):
+    """Each row of a tile keeps its own max, sum and target: ignored rows (never read: NaN there
+    changes nothing), an out-of-range target, a row of -inf, and a last tile past the last row."""
+    logits, target = make_case(13, n_cols, "cpu", torch.float32, ignore_every=3)
+    logits[2] = -float("inf")
+    target[8] = n_cols
+    poisoned = logits.clone()
+    poisoned[target == -100] = float("nan")
+    kept = (target != -100) & (target != n_cols)
+    for smoothing in SMOOTHINGS:
+        loss, _ = torch.ops.tk.cross_entropy_forward(poisoned, target, -100, "none", smoothing)
+        ref = reference(logits, target.clamp(max=n_cols - 1), reduction="none", label_smoothing=smoothing)
+        torch.testing.assert_close(loss[kept], ref[kept].float(), equal_nan=True, rtol=1.3e-6, atol=1e-5)
+        assert (loss[target == -100] == 0).all() and loss[8].isnan() and loss[2].isnan()
+    if n_cols > 7:
+        test_numerically_stable("cpu", n_cols)
