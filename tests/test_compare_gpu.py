@@ -64,9 +64,13 @@ def test_cudagraph_time_reads_inputs_from_dram():
     if b.nbytes > 0.8 * torch.cuda.get_device_properties(b.device).L2_cache_size:
         pytest.skip("this GPU's L2 cache cannot hold the weight")
     matmul = lambda x, w: x @ w  # noqa: E731
-    warm = timing.bench_cudagraph(matmul, (a, b), rep_ms=20, max_copies=1)
-    cold = timing.bench_cudagraph(matmul, (a, b), rep_ms=20)
-    assert cold > 1.3 * warm, (cold, warm)
+    # The best of three interleaved rounds each: other work on the GPU (tests run in parallel
+    # workers) only ever slows a round down, and it evicted the warm weight from L2 in one run.
+    warm, cold = [], []
+    for _ in range(3):
+        warm.append(timing.bench_cudagraph(matmul, (a, b), rep_ms=20, max_copies=1))
+        cold.append(timing.bench_cudagraph(matmul, (a, b), rep_ms=20))
+    assert min(cold) > 1.3 * min(warm), (cold, warm)
 
 
 def test_a_failed_capture_leaves_random_inputs_working():
