@@ -83,6 +83,12 @@ def warps_for(elements: int, per_thread: int = 16) -> int:
     return min(max(elements // (32 * per_thread), 1), 32)
 
 
+def rows_in_tile(n_rows, row_block: int, tile: int) -> int:
+    """How many whole rows of `row_block` lanes a program stacks to fill about `tile` elements:
+    a power of two (a tl.arange length), at least 1, and no more rows than there are, rounded up."""
+    return next_power_of_2(at_most(n_rows, max(1, tile // row_block)))
+
+
 def at_most(size, bound: int) -> int:
     """min(size, bound) as a Python int.
 

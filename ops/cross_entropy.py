@@ -51,7 +51,7 @@ import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind
-from ._launch import at_most, cdiv, next_power_of_2, warps_for
+from ._launch import cdiv, next_power_of_2, rows_in_tile, warps_for
 from ._registry import (
     FLOAT32_RESULT,
     NAMESPACE,
@@ -297,7 +297,7 @@ def _forward_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, 
     kind = _kind(device)
     if block > _STACKED_ROW[kind]:
         return 1, block, warps
-    rows = next_power_of_2(at_most(n_rows, max(1, _ROW_TILE[kind] // block)))
+    rows = rows_in_tile(n_rows, block, _ROW_TILE[kind])
     return rows, block, warps_for(rows * block, per_thread=8)
 
 

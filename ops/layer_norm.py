@@ -71,7 +71,7 @@ import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind, sm_count as _sm_count
-from ._launch import at_most, cdiv, next_power_of_2, warps_for
+from ._launch import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
 from ._registry import (
     FLOAT32_RESULT,
     GRAD,
@@ -622,8 +622,7 @@ def _fits_a_block(n_cols: int, limits: dict, x: torch.Tensor) -> bool:
 def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements."""
     block_n = next_power_of_2(n_cols)
-    block_m = next_power_of_2(at_most(n_rows, max(1, _register_limit(_TILE, kind, dtype) // block_n)))
-    return block_m, block_n
+    return rows_in_tile(n_rows, block_n, _register_limit(_TILE, kind, dtype)), block_n
 
 
 def _backward_tile(n_rows, n_cols: int, kind: str, widest: int) -> tuple[int, int, int]:
@@ -633,7 +632,7 @@ def _backward_tile(n_rows, n_cols: int, kind: str, widest: int) -> tuple[int, in
         return (*_row_tile(n_rows, n_cols, kind), 1)
     block_n = next_power_of_2(n_cols)
     tile = _NARROWER_BACKWARD_TILES.get((widest, block_n), _BACKWARD_TILE_BYTES // widest)
-    block_m = next_power_of_2(at_most(n_rows, max(1, tile // block_n)))
+    block_m = rows_in_tile(n_rows, block_n, tile)
     return block_m, block_n, warps_for(block_m * block_n, per_thread=_BACKWARD_THREAD_BYTES // widest)
 
 
@@ -729,9 +728,9 @@ def normalize_backward(
             n_rows, n_cols, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk, per_thread=8),
         )  # fmt: skip
     if weight_grad:
-        _column_sum(dw_partial, dw, n_cols)
+        _column_sum(dw_partial, dw, n_cols, col_multiple)
     if bias_grad:
-        _column_sum(db_partial, db, n_cols)
+        _column_sum(db_partial, db, n_cols, col_multiple)
     return dx, dw, db
 
 
@@ -749,12 +748,12 @@ def _partials(n_programs: int, n_cols: int, x, dx, weight_grad: bool, bias_grad:
     return scratch(weight_grad), scratch(bias_grad)
 
 
-def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int) -> None:
+def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int, col_multiple: int) -> None:
     block_p, block_n = _COLUMN_SUM_BLOCK[_kind(out.device)]
     block_n = min(block_n, next_power_of_2(n_cols))
     _launch(
         column_sum_kernel, (cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
-        BLOCK_P=block_p, BLOCK_N=block_n, COL_MULTIPLE=column_multiple(n_cols), num_warps=4,
+        BLOCK_P=block_p, BLOCK_N=block_n, COL_MULTIPLE=col_multiple, num_warps=4,
     )  # fmt: skip
 
 
