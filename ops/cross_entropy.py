@@ -205,7 +205,7 @@ def cross_entropy_reduce_kernel(
 
 
 # --------------------------------------------------------------------------
-# Backward: one program per row, one read of the logits, one write.
+# Backward: row tiles, one read of the logits, one write.
 # --------------------------------------------------------------------------
 
 
@@ -225,9 +225,14 @@ def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ign
 def cross_entropy_backward_kernel(
     logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
     n_rows, n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
-    BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g for one row.
+    """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g over a tile of BLOCK_M rows.
+
+    With the logsumexp saved by the forward, each element's gradient needs
+    only its own logit and three numbers of its row (lse, t, g).  A program
+    reads those once and sweeps its rows in BLOCK_SIZE-column chunks: short
+    rows are stacked BLOCK_M to a tile, a long row is one program's.
 
     g is read at row * scale_stride: the (N,) gradient of reduction="none"
     (stride 0 when it was expanded from a scalar), or one scalar for "sum"
@@ -235,27 +240,30 @@ def cross_entropy_backward_kernel(
     """
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
-    row = tl.program_id(0).to(tl.int64)
-    target, ignored, in_range = _classify_target(target_ptr, row, n_rows, n_cols, ignore_index)
-    lse = tl.load(lse_ptr + row)  # float32, or float64: the compute dtype
-    scale = tl.load(scale_ptr + row * scale_stride).to(lse.dtype)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * n_cols may pass 2**31
+    target, ignored, in_range = _classify_target(target_ptr, rows, n_rows, n_cols, ignore_index)
+    exists = rows < n_rows
+    lse = tl.load(lse_ptr + rows, mask=exists, other=0.0)  # float32, or float64: the compute dtype
+    scale = tl.load(scale_ptr + rows * scale_stride, mask=exists, other=0.0).to(lse.dtype)
     scale = tl.where(in_range, scale, float("nan"))  # an out-of-range target: a NaN row
     scale = tl.where(ignored, 0.0, scale)  # ignored: exactly 0, whatever the incoming gradient
     smoothing = tl.cast(label_smoothing, lse.dtype)  # float64 logits: s / C in float64
     smooth = smoothing / n_cols
     target_weight = 1.0 - smoothing
-    read_end = tl.where(ignored, 0, n_cols)  # an ignored row is written (zeros), never read
 
-    row_ptr = logits_ptr + row * row_stride
-    out_ptr = dlogits_ptr + row * n_cols  # dlogits is a fresh contiguous (N, C) tensor
+    # Per-row values as (BLOCK_M, 1) columns, to broadcast over the tile.
+    lse, scale, target = lse[:, None], scale[:, None], target[:, None]
+    kept, exists = (~ignored)[:, None], exists[:, None]  # an ignored row is written (zeros), never read
+    row_ptrs = logits_ptr + rows[:, None] * row_stride
+    out_ptrs = dlogits_ptr + rows[:, None] * n_cols  # dlogits is a fresh contiguous (N, C) tensor
     for chunk in range(0, n_cols, BLOCK_SIZE):
-        cols = chunk + tl.arange(0, BLOCK_SIZE)
-        x = tl.load(row_ptr + cols, mask=cols < read_end, other=0.0)
+        cols = chunk + tl.arange(0, BLOCK_SIZE)[None, :]
+        x = tl.load(row_ptrs + cols, mask=(cols < n_cols) & kept, other=0.0)
         if x.dtype != tl.float64:
             x = x.to(tl.float32)
         probs = tl.exp(x - lse)  # softmax, recomputed from the saved logsumexp
         grad = (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
-        tl.store(out_ptr + cols, grad.to(dlogits_ptr.dtype.element_ty), mask=cols < n_cols)
+        tl.store(out_ptrs + cols, grad.to(dlogits_ptr.dtype.element_ty), mask=(cols < n_cols) & exists)
 
 
 # --------------------------------------------------------------------------
@@ -277,7 +285,9 @@ _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
 # 92 / 114 -> 11.6 / 63 / 74 / 105 / 96 / 116; float32 7.6 / 73 / 102 / 114 / 113 /
 # 119 -> 19 / 89 / 102 / 116 / 111 / 120.  Rows of 1000 columns stacked two or four
 # a program lost 19-38 points; at 65536x100 the mean's one-program sum over the row
-# losses costs the other quarter (reduction="none": 16.1).
+# losses costs the other quarter (reduction="none": 16.1).  The backward takes the
+# same tiles: one row a program -> row tiles, bf16 / float32 at 65536x100 21 / 44 ->
+# 49 / 78, level elsewhere (version 29, where two other designs are measured).
 _STACKED_ROW = {"cuda": 256, "cpu": 1 << 14}
 _ROW_TILE = {"cuda": 2048, "cpu": 1 << 14}
 # The single-program reductions over the N rows, about 16 a thread.
@@ -290,9 +300,9 @@ def _chunk(n_cols: int, device: torch.device) -> tuple[int, int]:
     return block, min(max(block // 512, 1), 8)
 
 
-def _forward_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_SIZE, num_warps) of the forward: rows of at most _STACKED_ROW columns stacked
-    into tiles of about _ROW_TILE elements, longer rows one a program (see _chunk)."""
+def _row_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_SIZE, num_warps) of the forward and the backward: rows of at most _STACKED_ROW
+    columns stacked into tiles of about _ROW_TILE elements, longer rows one a program (see _chunk)."""
     block, warps = _chunk(n_cols, device)
     kind = _kind(device)
     if block > _STACKED_ROW[kind]:
@@ -383,7 +393,7 @@ def _cross_entropy_forward(
         loss = torch.empty((), dtype=loss_dtype, device=device)
         row_loss = torch.empty(n_rows, dtype=compute, device=device)
     if n_rows > 0:
-        rows, block, warps = _forward_tile(n_rows, n_cols, device)
+        rows, block, warps = _row_tile(n_rows, n_cols, device)
         launcher(cross_entropy_forward_kernel, logits)[(cdiv(n_rows, rows),)](
             logits, target, row_loss, lse, n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
             SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block,
@@ -432,11 +442,11 @@ def _cross_entropy_backward(
         launcher(cross_entropy_mean_scale_kernel, logits)[(1,)](
             grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
         )
-    block, warps = _chunk(n_cols, logits.device)
-    launcher(cross_entropy_backward_kernel, logits)[(n_rows,)](
+    rows, block, warps = _row_tile(n_rows, n_cols, logits.device)
+    launcher(cross_entropy_backward_kernel, logits)[(cdiv(n_rows, rows),)](
         logits, target, lse, scale, dlogits,
         n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
+        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
     )  # fmt: skip
     return dlogits
 
@@ -533,6 +543,8 @@ def _liger_cross_entropy():
     return liger_cross_entropy
 
 
+_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
+
 register_spec(
     OpSpec(
         name="cross_entropy",
@@ -541,12 +553,66 @@ register_spec(
         make_inputs=_make_inputs,
         bytes_moved=_bytes,
         flops=lambda shape, dtype: 4 * shape[0] * shape[1],  # max, subtract+exp, sum; per element
-        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7},
+        tolerance=_TOLERANCE,
         shapes={
             "cuda": [(16384, 4096), (4096, 32000), (4096, 50257), (8192, 128256), (2048, 262144)],
             "cpu": [(64, 1000), (4, 70_001)],
         },
         describe=lambda shape: f"N{shape[0]}xC{shape[1]}",
         peers={"liger": _liger_cross_entropy},
+    )
+)
+
+
+def _make_backward_inputs(shape, dtype, device):
+    """grad of a mean loss, logits, target, the logsumexp tk's forward saves and the log-softmax
+    PyTorch's saves: each backward gets what its own forward kept."""
+    logits, target = _make_inputs(shape, dtype, device)
+    lse = torch.logsumexp(logits.to(_compute_dtype(dtype)), dim=-1)
+    grad = torch.ones((), dtype=dtype, device=device)
+    return grad, logits, target, lse, torch.log_softmax(logits, dim=-1)
+
+
+def _backward_bytes(shape, dtype):
+    """Read the logits and write their gradient; read the targets, the float32 logsumexp and g."""
+    n_rows, n_cols = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    return 2 * n_rows * n_cols * size + n_rows * (8 + 4) + size
+
+
+def _eager_backward(grad, logits, target, lse, log_probs):
+    """The two kernels eager autograd runs for F.cross_entropy: nll_loss's, then log_softmax's."""
+    kept = (target != -100).sum().to(log_probs.dtype)
+    dlog_probs = torch.ops.aten.nll_loss_backward(grad, log_probs, target, None, 1, -100, kept)  # 1: mean
+    return torch.ops.aten._log_softmax_backward_data(dlog_probs, log_probs, 1, log_probs.dtype)
+
+
+def _backward_reference64(grad, logits, target, lse, log_probs):
+    """From the logits themselves: a float64 copy of a 16-bit log-softmax carries its rounding."""
+    x = logits.detach().requires_grad_()
+    F.cross_entropy(x, target).backward(grad)
+    return x.grad
+
+
+# The backward on its own, reduction="mean", against the kernels eager autograd runs (with
+# the log-softmax its forward saved) and Inductor's fusion of them.  No Liger column: its
+# cross entropy writes the gradient during the forward, so it has no backward to time.
+register_spec(
+    OpSpec(
+        name="cross_entropy_backward",
+        tk=lambda grad, logits, target, lse, log_probs: torch.ops.tk.cross_entropy_backward(
+            grad, logits, target, lse, -100, "mean", 0.0
+        ),
+        reference=_eager_backward,
+        reference64=_backward_reference64,
+        make_inputs=_make_backward_inputs,
+        bytes_moved=_backward_bytes,
+        flops=lambda shape, dtype: 4 * shape[0] * shape[1],  # subtract, exp, subtract, scale; per element
+        tolerance=_TOLERANCE,
+        shapes={
+            "cuda": [(32768, 1000), (16384, 4096), (4096, 32000), (4096, 50257), (8192, 128256), (2048, 262144)],
+            "cpu": [(64, 1000), (4, 70_001)],
+        },
+        describe=lambda shape: f"N{shape[0]}xC{shape[1]}",
     )
 )

@@ -82,7 +82,7 @@ ROW_KERNELS = {
     ),
     "cross_entropy backward": (
         cross_entropy.cross_entropy_backward_kernel,
-        {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}, {"BLOCK_SIZE": 1024}, 4, 0,
+        {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}, {"BLOCK_M": 1, "BLOCK_SIZE": 1024}, 2, 0,
     ),
 }  # fmt: skip
 

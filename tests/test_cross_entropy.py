@@ -558,7 +558,7 @@ def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Forward tiles of 4 rows (rows shorter than 64 columns stacked) swept in chunks of 16 columns."""
+    """Tiles of 4 rows (rows shorter than 64 columns stacked) swept in chunks of 16 columns, both ways."""
     from ops import cross_entropy as module
 
     monkeypatch.setitem(module._MAX_CHUNK, "cpu", 16)
@@ -568,19 +568,43 @@ def small_tiles(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
 @pytest.mark.parametrize("n_cols", [6, 12, 50])  # tiles of 8 rows of one chunk, of 4 rows of one chunk, of 4 of four
-def test_tiles_of_several_rows(small_tiles, n_cols):
-    """Each row of a tile keeps its own max, sum and target: ignored rows (never read: NaN there
-    changes nothing), an out-of-range target, a row of -inf, and a last tile past the last row."""
+@pytest.mark.parametrize("strided", [False, True])  # a column slice of wider logits
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_backward_tiles_and_chunks(small_tiles, n_cols, strided, reduction):
+    """Each element's gradient uses its own row's lse, target and incoming gradient: tiles of
+    several rows (the last past the last row), rows of several chunks; ignored rows (NaN there)
+    come out 0; an out-of-range target makes a NaN row."""
     logits, target = make_case(13, n_cols, "cpu", torch.float32, ignore_every=3)
-    logits[2] = -float("inf")
     target[8] = n_cols
-    poisoned = logits.clone()
+    poisoned = torch.full((13, n_cols + 5 * strided), float("nan"))[:, :n_cols]
+    poisoned.copy_(logits)
     poisoned[target == -100] = float("nan")
-    kept = (target != -100) & (target != n_cols)
+    grad = torch.randn(13 if reduction == "none" else ())
     for smoothing in SMOOTHINGS:
-        loss, _ = torch.ops.tk.cross_entropy_forward(poisoned, target, -100, "none", smoothing)
-        ref = reference(logits, target.clamp(max=n_cols - 1), reduction="none", label_smoothing=smoothing)
-        torch.testing.assert_close(loss[kept], ref[kept].float(), equal_nan=True, rtol=1.3e-6, atol=1e-5)
-        assert (loss[target == -100] == 0).all() and loss[8].isnan() and loss[2].isnan()
-    if n_cols > 7:
-        test_numerically_stable("cpu", n_cols)
+        options = (-100, reduction, smoothing)
+        _, lse = torch.ops.tk.cross_entropy_forward(logits, target, *options)
+        dlogits = torch.ops.tk.cross_entropy_backward(grad, poisoned, target, lse, *options)
+        kept = (target != -100) & (target != n_cols)
+        # The reference sees row 8's target clamped (a row "mean" counts, as tk does); tk's row 8 is NaN.
+        ref_target = target.clamp(max=n_cols - 1)
+        _, ref = reference_loss_and_grad(logits, ref_target, grad, reduction=reduction, label_smoothing=smoothing)
+        torch.testing.assert_close(dlogits[kept], ref[kept].float(), rtol=1e-5, atol=1e-6)
+        assert (dlogits[target == -100] == 0).all() and dlogits[8].isnan().all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_spec(device):
+    """The harness's backward: its eager kernels and its float64 reference are F.cross_entropy's gradient."""
+    spec = ops.get_spec("cross_entropy_backward")
+    n_rows, n_cols = pick(device, spec.shapes["cpu"][0], (4096, 32000))
+    assert spec.bytes_moved((n_rows, n_cols), torch.bfloat16) == 4 * n_rows * n_cols + 12 * n_rows + 2
+    for dtype in spec.dtypes:
+        inputs = spec.make_inputs((n_rows, n_cols), dtype, torch.device(device))
+        grad, logits, target = inputs[:3]
+        expected = pytorch_grad(logits, target, grad, "mean", 0.0)
+        assert torch.equal(spec.reference(*inputs), expected)  # what eager autograd runs, kernel for kernel
+        ref64 = spec.reference64(*(t.double() if t.is_floating_point() else t for t in inputs))
+        _, want = reference_loss_and_grad(logits, target, grad)
+        torch.testing.assert_close(ref64, want, rtol=0, atol=0)
+        # float16 gradients of a mean over many rows are subnormal: see test_gradients_match_float64.
+        assert_close(spec.tk(*inputs), ref64, dtype, scale=max(2, 2 * rel_error(expected, ref64) / TOLERANCE[dtype]))
