@@ -573,7 +573,13 @@ LAYER_NORM_KERNELS = NormKernels(
 # The interpreter has no registers, only a Python cost per program and step.
 _MAX_BLOCK = {"cuda": 32768, "cpu": 1 << 16}
 _MAX_BLOCK_BACKWARD = {"cuda": 8192, "cpu": 1 << 16}
-_TILE = {"cuda": 4096, "cpu": 1 << 14}  # short rows are stacked up to about this many elements a program
+# Short rows are stacked up to about _TILE elements a program (float32; half that for 16-bit
+# rows on the GPU), 16 a thread.  H100, forward, % of a copy, tiles of 4096 elements (before)
+# against 2048 and 1024 (docs/perf-notes.md, version 29): bf16 layer_norm at 262144x128 /
+# 65536x256 / 16384x768 / 32768x1000 / 16384x1536: 96 / 93 / 86 / 95 / 96, 94 / 94 / 99 / 98
+# / 98, 97 / 98 / 99 / 97 / 98; float32 at 65536x256 / 16384x768 / 16384x1536: 96 / 99 / 99,
+# 97 / 99 / 97, 98 / 96 / 97.
+_TILE = {"cuda": 2048, "cpu": 1 << 14}
 _CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
 
 # The backward's programs (see _backward_programs).  Module-level so that a
@@ -620,9 +626,13 @@ def _fits_a_block(n_cols: int, limits: dict, x: torch.Tensor) -> bool:
 
 
 def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements."""
+    """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about _TILE elements
+    (half that for 16-bit rows on the GPU)."""
     block_n = next_power_of_2(n_cols)
-    return rows_in_tile(n_rows, block_n, _register_limit(_TILE, kind, dtype)), block_n
+    tile = _register_limit(_TILE, kind, dtype)
+    if kind == "cuda" and dtype.itemsize == 2:
+        tile //= 2  # measured, see _TILE
+    return rows_in_tile(n_rows, block_n, tile), block_n
 
 
 def _backward_tile(n_rows, n_cols: int, kind: str, widest: int) -> tuple[int, int, int]:

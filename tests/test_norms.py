@@ -507,6 +507,14 @@ def test_the_design_rules(monkeypatch):
             assert 1 <= programs <= min(target, tiles)
             assert programs == 1 or n_rows / programs >= norm_ops._MIN_ROWS_PER_PROGRAM
     assert norm_ops._backward_programs(1 << 20, 1 << 20, cuda) == target  # big inputs fill every SM
+    # The forward's tile: 2048 elements, 1024 of 16-bit rows (measured, see _TILE); longer rows alone.
+    assert [norm_ops._row_tile(1 << 20, n, "cuda") for n in (128, 768, 2048, 4100)] == [
+        (16, 128), (2, 1024), (1, 2048), (1, 8192)
+    ]
+    assert [norm_ops._row_tile(1 << 20, n, "cuda", torch.bfloat16) for n in (128, 768, 2048)] == [
+        (8, 128), (1, 1024), (1, 2048)
+    ]
+    assert norm_ops._row_tile(1 << 20, 128, "cuda", torch.float64) == (8, 128)  # two registers a value
     short_rows = norm_ops._backward_programs(1 << 20, 1 << 20, cuda, norm_ops._SHORT_ROW_PROGRAMS_PER_SM)
     assert short_rows == 132  # one an SM: a program loading ahead holds its registers
 
