@@ -234,3 +234,48 @@ register_spec(
         peers={"liger": _liger_rms_norm},
     )
 )
+
+
+def _make_backward_inputs(shape, dtype, device):
+    """grad, x, weight, and the rstd PyTorch's fused forward saves for its backward
+    (tk recomputes it: see layer_norm.py's docstring)."""
+    x, weight = _make_inputs(shape, dtype, device)
+    _, rstd = torch.ops.aten._fused_rms_norm(x, [shape[-1]], weight, EPS)
+    return torch.randn(shape, dtype=dtype, device=device), x, weight, rstd
+
+
+def _backward_formula(grad, x, weight, rstd):
+    """(dx, dweight) from the module docstring's formulas, composed of PyTorch ops; rstd recomputed."""
+    x32 = x.float() if x.dtype != torch.float64 else x
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS)
+    xhat, dy = x32 * rstd, grad.to(x32.dtype)
+    g = dy * weight.to(x32.dtype)
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    dweight = (dy * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dweight.to(weight.dtype)
+
+
+def _eager_backward(grad, x, weight, rstd):
+    """What eager autograd runs for F.rms_norm: on CUDA, aten's fused backward with the saved rstd;
+    elsewhere F.rms_norm is a composition of ops, whose gradients the formula composes too."""
+    if x.is_cuda:
+        return torch.ops.aten._fused_rms_norm_backward(grad, x, [x.shape[-1]], rstd, weight, [True, True])
+    return _backward_formula(grad, x, weight, rstd)
+
+
+# The backward on its own, both gradients asked for: (dx, dweight).
+register_spec(
+    OpSpec(
+        name="rms_norm_backward",
+        tk=lambda grad, x, weight, rstd: torch.ops.tk.rms_norm_backward(grad, x, weight, EPS, True),
+        reference=_eager_backward,
+        reference64=_backward_formula,
+        make_inputs=_make_backward_inputs,
+        # read grad and x, write dx; read weight, write dweight
+        bytes_moved=lambda shape, dtype: (3 * _prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        # xhat, g = dy * w, the row sum (2), dx (3), dweight (2)
+        flops=lambda shape, dtype: 9 * _prod(shape),
+        tolerance=NORM_TOLERANCE,
+        shapes=NORM_SHAPES,
+    )
+)

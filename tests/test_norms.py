@@ -218,6 +218,27 @@ def test_rms_norm_backward_matches_pytorch(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_backward_spec(device):
+    """The harness's rms_norm backward: on CUDA eager runs aten's fused backward (what autograd runs
+    for F.rms_norm there), elsewhere the formula; the formula, in float64, is the reference."""
+    from ops import rms_norm as rms_ops
+
+    spec = ops.get_spec("rms_norm_backward")
+    shape = pick(device, spec.shapes["cpu"][0], (4096, 4096))
+    assert spec.bytes_moved(shape, torch.bfloat16) == 2 * (3 * shape[0] * shape[1] + 2 * shape[1])
+    for dtype in spec.dtypes:
+        grad, x, weight, rstd = inputs = spec.make_inputs(shape, dtype, torch.device(device))
+        x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+        F.rms_norm(x64, (shape[-1],), w64, rms_ops.EPS).backward(grad.double())
+        ref64 = spec.reference64(*(t.double() for t in inputs))
+        torch.testing.assert_close(ref64, (x64.grad, w64.grad))
+        for got in (spec.reference(*inputs), spec.tk(*inputs)):
+            assert [t.dtype for t in got] == [dtype, dtype]
+            assert_close(got[0], x64.grad, dtype)
+            assert_close(got[1], w64.grad, dtype, scale=4)  # a sum over the rows: PyTorch's own rounding
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_backward_matches_pytorch(device, dtype):
     cases = pick(
