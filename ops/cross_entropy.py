@@ -225,7 +225,7 @@ def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ign
 def cross_entropy_backward_kernel(
     logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
     n_rows, n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
-    BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr, PEEL: tl.constexpr,
 ):  # fmt: skip
     """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g over a tile of BLOCK_M rows.
 
@@ -237,6 +237,9 @@ def cross_entropy_backward_kernel(
     g is read at row * scale_stride: the (N,) gradient of reduction="none"
     (stride 0 when it was expanded from a scalar), or one scalar for "sum"
     and "mean" (stride 0).
+
+    PEEL (the elements in 16 bytes, or 0): one contiguous row that does not
+    start on a 16-byte boundary, swept as _sweep_peeled does.
     """
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
@@ -254,16 +257,58 @@ def cross_entropy_backward_kernel(
     # Per-row values as (BLOCK_M, 1) columns, to broadcast over the tile.
     lse, scale, target = lse[:, None], scale[:, None], target[:, None]
     kept, exists = (~ignored)[:, None], exists[:, None]  # an ignored row is written (zeros), never read
-    row_ptrs = logits_ptr + rows[:, None] * row_stride
-    out_ptrs = dlogits_ptr + rows[:, None] * n_cols  # dlogits is a fresh contiguous (N, C) tensor
-    for chunk in range(0, n_cols, BLOCK_SIZE):
-        cols = chunk + tl.arange(0, BLOCK_SIZE)[None, :]
-        x = tl.load(row_ptrs + cols, mask=(cols < n_cols) & kept, other=0.0)
-        if x.dtype != tl.float64:
-            x = x.to(tl.float32)
-        probs = tl.exp(x - lse)  # softmax, recomputed from the saved logsumexp
-        grad = (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
-        tl.store(out_ptrs + cols, grad.to(dlogits_ptr.dtype.element_ty), mask=(cols < n_cols) & exists)
+    row_values = (target, lse, scale, smooth, target_weight)
+    if PEEL:
+        row_start = tl.program_id(0).to(tl.int64) * n_cols
+        _sweep_peeled(logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, PEEL, BLOCK_SIZE)
+    else:
+        row_ptrs = logits_ptr + rows[:, None] * row_stride
+        out_ptrs = dlogits_ptr + rows[:, None] * n_cols  # dlogits is a fresh contiguous (N, C) tensor
+        for chunk in range(0, n_cols, BLOCK_SIZE):
+            cols = chunk + tl.arange(0, BLOCK_SIZE)[None, :]
+            x = tl.load(row_ptrs + cols, mask=(cols < n_cols) & kept, other=0.0)
+            grad = _logit_gradient(x, cols, row_values)
+            tl.store(out_ptrs + cols, grad.to(dlogits_ptr.dtype.element_ty), mask=(cols < n_cols) & exists)
+
+
+@triton.jit
+def _logit_gradient(x, cols, row_values):
+    """(exp(x - lse) - (1 - s) * [col == t] - s / C) * g for logits x at columns `cols`."""
+    target, lse, scale, smooth, target_weight = row_values
+    if x.dtype != tl.float64:  # resolved at compile time
+        x = x.to(tl.float32)
+    probs = tl.exp(x - lse)  # softmax, recomputed from the saved logsumexp
+    return (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
+
+
+@triton.jit
+def _sweep_peeled(logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, VEC: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """The gradient of one row of contiguous logits that starts `skew` elements past a 16-byte
+    boundary (rows of 50257 columns: every row but one in 8), swept so that its accesses are 16
+    bytes wide.
+
+    Chunks counted from the row's first element would cut every 16-byte run in two, and Triton
+    then moves one element an access.  So the sweep counts in a frame that starts at the boundary
+    (frame index f is column f - skew), and its masks are bounds that are multiples of VEC, the
+    elements in 16 bytes: the runs between the row's first and last partial runs.  Those two, VEC
+    elements each, are done apart, masked element by element (the row is 2 * VEC long at least,
+    so that they are two runs, not one)."""
+    frame = known_multiple(row_start, VEC)  # the boundary at or before the row's first element
+    skew = (row_start - frame).to(tl.int32)
+    end = skew + n_cols  # one past the row's last element, in the frame
+    body_end = known_multiple(end, VEC)
+    in_ptr, out_ptr = logits_ptr + frame, dlogits_ptr + frame
+    for edge in tl.static_range(2):  # the first partial run, [0, VEC), and the last, [body_end, body_end + VEC)
+        run = edge * body_end + tl.arange(0, VEC)[None, :]
+        in_row = (run >= skew) & (run < end)
+        x_run = tl.load(in_ptr + run, mask=in_row & kept, other=0.0)
+        grad = _logit_gradient(x_run, run - skew, row_values)
+        tl.store(out_ptr + run, grad.to(dlogits_ptr.dtype.element_ty), mask=in_row)
+    for chunk in range(0, body_end, BLOCK_SIZE):
+        f = chunk + tl.arange(0, BLOCK_SIZE)[None, :]
+        inside = (f >= VEC) & (f < body_end)
+        x = tl.load(in_ptr + f, mask=inside & kept, other=0.0)
+        tl.store(out_ptr + f, _logit_gradient(x, f - skew, row_values).to(dlogits_ptr.dtype.element_ty), mask=inside)
 
 
 # --------------------------------------------------------------------------
@@ -443,10 +488,14 @@ def _cross_entropy_backward(
             grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
         )
     rows, block, warps = _row_tile(n_rows, n_cols, logits.device)
+    col_multiple = column_multiple(n_cols, logits.stride(0))
+    vector = 16 // logits.element_size()  # elements in 16 bytes
+    # One row a program, contiguous, rows not all on a 16-byte boundary, two runs long at least.
+    peel = vector if rows == 1 and logits.stride(0) == n_cols and vector > col_multiple and n_cols >= 2 * vector else 0
     launcher(cross_entropy_backward_kernel, logits)[(cdiv(n_rows, rows),)](
         logits, target, lse, scale, dlogits,
         n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
+        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple, PEEL=peel, num_warps=warps,
     )  # fmt: skip
     return dlogits
 

@@ -82,7 +82,7 @@ ROW_KERNELS = {
     ),
     "cross_entropy backward": (
         cross_entropy.cross_entropy_backward_kernel,
-        {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}, {"BLOCK_M": 1, "BLOCK_SIZE": 1024}, 2, 0,
+        {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}, {"BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0}, 2, 0,
     ),
 }  # fmt: skip
 
@@ -100,3 +100,16 @@ def test_without_the_multiple_the_same_rows_move_2_bytes_an_access():
     kernel, pointers, constexprs, warps, _ = ROW_KERNELS["layer_norm forward"]
     accesses = _global_accesses(_ptx(kernel, pointers, {**constexprs, "COL_MULTIPLE": 1}, warps))
     assert "ld.global.b16" in accesses and "ld.global.v4.b32" not in accesses, sorted(set(accesses))
+
+
+def test_rows_that_start_off_a_16_byte_boundary_are_swept_from_the_boundary():
+    """The cross entropy backward's peeled sweep (rows of 50257 bf16 columns, COL_MULTIPLE 1): the body
+    moves 16 bytes an access; only the row's first and last partial runs go one element at a time.
+    Without PEEL the same rows go one element at a time throughout."""
+    pointers = {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}
+    constexprs = {"BLOCK_M": 1, "BLOCK_SIZE": 4096, "COL_MULTIPLE": 1}
+    peeled = _global_accesses(_ptx(cross_entropy.cross_entropy_backward_kernel, pointers, {**constexprs, "PEEL": 8}, 8))
+    assert peeled.count("ld.global.v4.b32") == 2 and peeled.count("st.global.v4.b32") == 2, sorted(peeled)  # 16 a thread
+    assert peeled.count("ld.global.b16") <= 2 and peeled.count("st.global.b16") <= 2, sorted(peeled)  # the two edge runs
+    plain = _global_accesses(_ptx(cross_entropy.cross_entropy_backward_kernel, pointers, {**constexprs, "PEEL": 0}, 8))
+    assert "ld.global.v4.b32" not in plain and plain.count("ld.global.b16") == 16, sorted(plain)

@@ -566,20 +566,50 @@ def small_tiles(monkeypatch):
     monkeypatch.setitem(module._STACKED_ROW, "cpu", 16)
 
 
+@pytest.fixture
+def peel_flags(small_tiles, monkeypatch):
+    """The PEEL of every backward launch, with rows of more than 8 columns one a program."""
+    from ops import cross_entropy as module
+
+    monkeypatch.setitem(module._STACKED_ROW, "cpu", 8)
+
+    flags, launcher = [], module.launcher
+
+    class Recording:
+        def __init__(self, launch):
+            self.launch = launch
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                flags.append(constexprs["PEEL"])
+                return self.launch[grid](*args, **constexprs)
+
+            return run
+
+    def recording(kernel, like):
+        launch = launcher(kernel, like)
+        return Recording(launch) if kernel is module.cross_entropy_backward_kernel else launch
+
+    monkeypatch.setattr(module, "launcher", recording)
+    return flags
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
-@pytest.mark.parametrize("n_cols", [6, 12, 50])  # tiles of 8 rows of one chunk, of 4 rows of one chunk, of 4 of four
+@pytest.mark.parametrize("n_cols", [6, 12, 33, 50])  # tiles of 8 rows of one chunk; rows of 1, 3 and 4 chunks
 @pytest.mark.parametrize("strided", [False, True])  # a column slice of wider logits
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_backward_tiles_and_chunks(small_tiles, n_cols, strided, reduction):
+def test_backward_tiles_and_chunks(peel_flags, n_cols, strided, dtype, reduction):
     """Each element's gradient uses its own row's lse, target and incoming gradient: tiles of
-    several rows (the last past the last row), rows of several chunks; ignored rows (NaN there)
-    come out 0; an out-of-range target makes a NaN row."""
-    logits, target = make_case(13, n_cols, "cpu", torch.float32, ignore_every=3)
+    several rows (the last past the last row), rows of several chunks, contiguous rows that start
+    off a 16-byte boundary (33 and 50 columns: swept from the boundary before them); ignored rows
+    (NaN there) come out 0; an out-of-range target makes a NaN row."""
+    logits, target = make_case(13, n_cols, "cpu", dtype, ignore_every=3)
     target[8] = n_cols
-    poisoned = torch.full((13, n_cols + 5 * strided), float("nan"))[:, :n_cols]
+    poisoned = torch.full((13, n_cols + 5 * strided), float("nan"), dtype=dtype)[:, :n_cols]
     poisoned.copy_(logits)
     poisoned[target == -100] = float("nan")
-    grad = torch.randn(13 if reduction == "none" else ())
+    grad = torch.randn(13 if reduction == "none" else ()).to(dtype)
     for smoothing in SMOOTHINGS:
         options = (-100, reduction, smoothing)
         _, lse = torch.ops.tk.cross_entropy_forward(logits, target, *options)
@@ -588,9 +618,11 @@ def test_backward_tiles_and_chunks(small_tiles, n_cols, strided, reduction):
         # The reference sees row 8's target clamped (a row "mean" counts, as tk does); tk's row 8 is NaN.
         ref_target = target.clamp(max=n_cols - 1)
         _, ref = reference_loss_and_grad(logits, ref_target, grad, reduction=reduction, label_smoothing=smoothing)
-        torch.testing.assert_close(dlogits[kept], ref[kept].float(), rtol=1e-5, atol=1e-6)
+        assert_close(dlogits[kept], ref[kept], dtype)
         assert (dlogits[target == -100] == 0).all() and dlogits[8].isnan().all()
-
+    vector = 16 // logits.element_size()
+    peeled = n_cols >= 2 * vector and not strided and (n_cols & -n_cols) < vector  # one a program, not all aligned
+    assert set(peel_flags) == {vector if peeled else 0}
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_spec(device):
