@@ -17,11 +17,13 @@ row is too long for one block, so the forward runs one program per row
 that sweeps the row once in chunks, keeping a running maximum m and a
 running sum of exp(x - m), rescaled by exp(m_old - m_new) whenever the
 maximum grows (the *online* logsumexp).  x_t is a single extra load.  Rows
-of a few hundred classes are stacked several to a program instead.  The
-forward writes each row's loss and its logsumexp; the backward reads the
-logits once more and recomputes exp(x - lse) from the saved logsumexp, so
-a training step reads the logits twice and writes the gradient once, the
-least a backward that cannot keep the logits on chip can do.
+of a few hundred classes are stacked several to a program instead, in both
+directions.  The forward writes each row's loss and its logsumexp; the
+backward reads the logits once more and recomputes exp(x - lse) from the
+saved logsumexp, so a training step reads the logits twice and writes the
+gradient once, the least a backward that cannot keep the logits on chip can
+do.  (Its long rows that start off a 16-byte boundary, as every 50257-class
+row but one in eight does, are swept from the boundary: see _sweep_peeled.)
 
     torch.ops.tk.cross_entropy            the user-facing op; a thin composite
                                           over the two ops below, so that
@@ -282,7 +284,9 @@ def _logit_gradient(x, cols, row_values):
 
 
 @triton.jit
-def _sweep_peeled(logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, VEC: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _sweep_peeled(
+    logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, VEC: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
     """The gradient of one row of contiguous logits that starts `skew` elements past a 16-byte
     boundary (rows of 50257 columns: every row but one in 8), swept so that its accesses are 16
     bytes wide.
@@ -302,13 +306,15 @@ def _sweep_peeled(logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, 
         run = edge * body_end + tl.arange(0, VEC)[None, :]
         in_row = (run >= skew) & (run < end)
         x_run = tl.load(in_ptr + run, mask=in_row & kept, other=0.0)
-        grad = _logit_gradient(x_run, run - skew, row_values)
-        tl.store(out_ptr + run, grad.to(dlogits_ptr.dtype.element_ty), mask=in_row)
+        # Names apart from the loop's below: Triton would carry a shared one into it, of another shape.
+        grad_run = _logit_gradient(x_run, run - skew, row_values)
+        tl.store(out_ptr + run, grad_run.to(dlogits_ptr.dtype.element_ty), mask=in_row)
     for chunk in range(0, body_end, BLOCK_SIZE):
         f = chunk + tl.arange(0, BLOCK_SIZE)[None, :]
         inside = (f >= VEC) & (f < body_end)
         x = tl.load(in_ptr + f, mask=inside & kept, other=0.0)
-        tl.store(out_ptr + f, _logit_gradient(x, f - skew, row_values).to(dlogits_ptr.dtype.element_ty), mask=inside)
+        grad = _logit_gradient(x, f - skew, row_values)
+        tl.store(out_ptr + f, grad.to(dlogits_ptr.dtype.element_ty), mask=inside)
 
 
 # --------------------------------------------------------------------------
