@@ -75,14 +75,44 @@ REDUCTIONS = ("none", "mean", "sum")
 
 
 @triton.jit
-def _load_logits(row_ptrs, cols, n_cols, kept):
-    """Columns `cols` of the rows at `row_ptrs` (`kept`: which are read); the others read as -inf,
-    which adds exp(-inf) = 0.  (A mask made as (cols < n_cols) & kept, not cols < where(kept, n_cols, 0):
-    the compiler sees through the first that a 16-byte run of a row is all in or all out, not the second.)"""
-    x = tl.load(row_ptrs + cols, mask=(cols < n_cols) & kept, other=-float("inf"))
+def _in_sweep(cols, end, kept, START: tl.constexpr):
+    """Which of `cols` a row sweep reads: from START (0, or a peeled row's first whole run) to `end`,
+    in kept rows.  (Made as (cols < end) & kept, not cols < where(kept, end, 0): the compiler sees
+    through the first that a 16-byte run of a row is all in or all out, not the second.)"""
+    inside = (cols < end) & kept
+    if START > 0:
+        inside = inside & (cols >= START)
+    return inside
+
+
+@triton.jit
+def _load_logits(ptrs, inside):
+    """The logits at `ptrs` where `inside`; the others read as -inf, which adds exp(-inf) = 0."""
+    x = tl.load(ptrs, mask=inside, other=-float("inf"))
     if x.dtype != tl.float64:  # resolved at compile time: half and float32 compute in float32
         x = x.to(tl.float32)
     return x
+
+
+@triton.jit
+def _peeled_frame(row, n_cols, VEC: tl.constexpr):
+    """(frame, skew, body_end) of contiguous row `row` swept from the 16-byte boundary at or before its
+    start (VEC elements a run): the frame's first element, the row's first column's place in the frame
+    (column = place - skew), and the end of the runs wholly in the row, a multiple of VEC.  The run
+    before VEC and the one from body_end hold the row's partial ends."""
+    row_start = row.to(tl.int64) * n_cols
+    frame = known_multiple(row_start, VEC)
+    skew = (row_start - frame).to(tl.int32)
+    return frame, skew, known_multiple(skew + n_cols, VEC)
+
+
+@triton.jit
+def _merge_chunk(run_max, run_sum, x):
+    """The running max and sum of exp(x - max) of each row, with the chunk x (rows by columns) added."""
+    new_max = tl.maximum(run_max, tl.max(x, axis=1))
+    shift = _finite_or_zero(new_max)
+    # Rescale the sum so far from the old max to the new one, then add this chunk.
+    return new_max, run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
 
 
 @triton.jit
@@ -112,6 +142,7 @@ def cross_entropy_forward_kernel(
     logits_ptr, target_ptr, loss_ptr, lse_ptr,
     n_rows, n_cols, row_stride, ignore_index, label_smoothing,
     SMOOTHING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    PEEL: tl.constexpr,
 ):  # fmt: skip
     """Each row's loss and logsumexp, in one sweep over its logits.
 
@@ -119,7 +150,11 @@ def cross_entropy_forward_kernel(
     rows are one a program) and sweeps them in BLOCK_SIZE-column chunks,
     each chunk's load issued before the previous chunk is reduced, so that
     memory is busy while the program computes.  The row loads wait only on
-    the targets (an ignored row is not read); x_t is loaded with them."""
+    the targets (an ignored row is not read); x_t is loaded with them.
+
+    PEEL (the elements in 16 bytes, or 0): one contiguous row that does not
+    start on a 16-byte boundary, swept from the boundary before it, its first
+    and last partial runs apart (as the backward's _sweep_peeled does)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * row_stride may pass 2**31
@@ -128,13 +163,21 @@ def cross_entropy_forward_kernel(
     # An ignored row (or one past the last) reads nothing: every load below is masked off for it.
     kept = (~ignored)[:, None]
     x_target = tl.load(logits_ptr + rows * row_stride + target, mask=in_range & ~ignored, other=0.0)
+    if PEEL:  # columns counted from the 16-byte boundary at or before the row's start
+        frame, skew, sweep_end = _peeled_frame(tl.program_id(0), n_cols, PEEL)
+        sweep_ptrs = logits_ptr + frame
+    else:
+        sweep_ptrs = row_ptrs
+        sweep_end = n_cols
 
     # The first chunk starts the running max and sum, so they take the compute
     # dtype (float32, or float64) from the data: Triton on CUDA refuses a loop
     # variable whose type would change from float32 to float64 inside the loop.
     cols = tl.arange(0, BLOCK_SIZE)[None, :]
-    x = _load_logits(row_ptrs, cols, n_cols, kept)
-    x_next = _load_logits(row_ptrs, BLOCK_SIZE + cols, n_cols, kept)  # all masked off (no traffic) for rows of one chunk
+    inside = _in_sweep(cols, sweep_end, kept, PEEL)
+    x = _load_logits(sweep_ptrs + cols, inside)
+    # All masked off (no traffic) for rows of one chunk.
+    x_next = _load_logits(sweep_ptrs + BLOCK_SIZE + cols, _in_sweep(BLOCK_SIZE + cols, sweep_end, kept, PEEL))
     run_max = tl.max(x, axis=1)
     run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
     if SMOOTHING:
@@ -145,20 +188,28 @@ def cross_entropy_forward_kernel(
         # logit, and each term is divided by n before it is added, so the sum
         # stays within the range of the logits (one logit of 1e38 among 70001
         # pushed a plain sum of x - anchor past float32's range).
-        finite = (cols < n_cols) & kept & (x == x) & (tl.abs(x) < float("inf"))
+        finite = inside & (x == x) & (tl.abs(x) < float("inf"))
         anchor = tl.sum(tl.where(finite, x, 0.0), axis=1) / tl.maximum(tl.sum(finite.to(x.dtype), axis=1), 1.0)
-        run_mean = tl.sum(tl.where((cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
-    last = tl.max(tl.where(ignored, 0, n_cols))  # 0 when every row is ignored: no chunk loop at all
+        run_mean = tl.sum(tl.where(inside, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+    last = tl.max(tl.where(ignored, 0, sweep_end))  # 0 when every row is ignored: no chunk loop at all
     for chunk in range(BLOCK_SIZE, last, BLOCK_SIZE):
         x = x_next
-        x_next = _load_logits(row_ptrs, chunk + BLOCK_SIZE + cols, n_cols, kept)
-        new_max = tl.maximum(run_max, tl.max(x, axis=1))
-        shift = _finite_or_zero(new_max)
-        # Rescale the sum so far from the old max to the new one, then add this chunk.
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
-        run_max = new_max
+        x_next = _load_logits(
+            sweep_ptrs + chunk + BLOCK_SIZE + cols, _in_sweep(chunk + BLOCK_SIZE + cols, sweep_end, kept, PEEL)
+        )
+        run_max, run_sum = _merge_chunk(run_max, run_sum, x)
         if SMOOTHING:
-            run_mean += tl.sum(tl.where((chunk + cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+            inside = _in_sweep(chunk + cols, sweep_end, kept, PEEL)
+            run_mean += tl.sum(tl.where(inside, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+    if PEEL:  # the row's first partial run, [0, PEEL), and its last, [sweep_end, sweep_end + PEEL)
+        for edge in tl.static_range(2):
+            # Names apart from the loop's above: Triton would carry a shared one into it, of another shape.
+            run = edge * sweep_end + tl.arange(0, PEEL)[None, :]
+            in_row = (run >= skew) & (run < skew + n_cols) & kept
+            x_run = _load_logits(sweep_ptrs + run, in_row)
+            run_max, run_sum = _merge_chunk(run_max, run_sum, x_run)
+            if SMOOTHING:
+                run_mean += tl.sum(tl.where(in_row, (x_run - anchor[:, None]) / n_cols, 0.0), axis=1)
     # An ignored row summed nothing: log(1) instead of log(0), its lse is unused.
     log_sum = tl.log(tl.where(ignored, 1.0, run_sum))
     lse = run_max + log_sum
@@ -261,8 +312,7 @@ def cross_entropy_backward_kernel(
     kept, exists = (~ignored)[:, None], exists[:, None]  # an ignored row is written (zeros), never read
     row_values = (target, lse, scale, smooth, target_weight)
     if PEEL:
-        row_start = tl.program_id(0).to(tl.int64) * n_cols
-        _sweep_peeled(logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, PEEL, BLOCK_SIZE)
+        _sweep_peeled(logits_ptr, dlogits_ptr, tl.program_id(0), n_cols, kept, row_values, PEEL, BLOCK_SIZE)
     else:
         row_ptrs = logits_ptr + rows[:, None] * row_stride
         out_ptrs = dlogits_ptr + rows[:, None] * n_cols  # dlogits is a fresh contiguous (N, C) tensor
@@ -285,7 +335,7 @@ def _logit_gradient(x, cols, row_values):
 
 @triton.jit
 def _sweep_peeled(
-    logits_ptr, dlogits_ptr, row_start, n_cols, kept, row_values, VEC: tl.constexpr, BLOCK_SIZE: tl.constexpr
+    logits_ptr, dlogits_ptr, row, n_cols, kept, row_values, VEC: tl.constexpr, BLOCK_SIZE: tl.constexpr
 ):
     """The gradient of one row of contiguous logits that starts `skew` elements past a 16-byte
     boundary (rows of 50257 columns: every row but one in 8), swept so that its accesses are 16
@@ -297,10 +347,8 @@ def _sweep_peeled(
     elements in 16 bytes: the runs between the row's first and last partial runs.  Those two, VEC
     elements each, are done apart, masked element by element (the row is 2 * VEC long at least,
     so that they are two runs, not one)."""
-    frame = known_multiple(row_start, VEC)  # the boundary at or before the row's first element
-    skew = (row_start - frame).to(tl.int32)
+    frame, skew, body_end = _peeled_frame(row, n_cols, VEC)
     end = skew + n_cols  # one past the row's last element, in the frame
-    body_end = known_multiple(end, VEC)
     in_ptr, out_ptr = logits_ptr + frame, dlogits_ptr + frame
     for edge in tl.static_range(2):  # the first partial run, [0, VEC), and the last, [body_end, body_end + VEC)
         run = edge * body_end + tl.arange(0, VEC)[None, :]
@@ -360,6 +408,15 @@ def _row_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, int]
         return 1, block, warps
     rows = rows_in_tile(n_rows, block, _ROW_TILE[kind])
     return rows, block, warps_for(rows * block, per_thread=8)
+
+
+def _peel(rows: int, logits: torch.Tensor) -> int:
+    """PEEL of the row kernels: the elements in 16 bytes for one contiguous row a program whose rows do
+    not all start on a 16-byte boundary and that is two 16-byte runs long at least; 0 otherwise."""
+    n_cols = logits.shape[1]
+    vector = 16 // logits.element_size()
+    aligned = column_multiple(n_cols) >= vector
+    return vector if rows == 1 and logits.stride(0) == n_cols and not aligned and n_cols >= 2 * vector else 0
 
 
 def _reduce_block(n_rows: int, device: torch.device) -> int:
@@ -448,7 +505,7 @@ def _cross_entropy_forward(
         launcher(cross_entropy_forward_kernel, logits)[(cdiv(n_rows, rows),)](
             logits, target, row_loss, lse, n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
             SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block,
-            COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), num_warps=warps,
+            COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), PEEL=_peel(rows, logits), num_warps=warps,
         )  # fmt: skip
     if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
         reduce_block = _reduce_block(n_rows, device)
@@ -494,14 +551,11 @@ def _cross_entropy_backward(
             grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
         )
     rows, block, warps = _row_tile(n_rows, n_cols, logits.device)
-    col_multiple = column_multiple(n_cols, logits.stride(0))
-    vector = 16 // logits.element_size()  # elements in 16 bytes
-    # One row a program, contiguous, rows not all on a 16-byte boundary, two runs long at least.
-    peel = vector if rows == 1 and logits.stride(0) == n_cols and vector > col_multiple and n_cols >= 2 * vector else 0
     launcher(cross_entropy_backward_kernel, logits)[(cdiv(n_rows, rows),)](
         logits, target, lse, scale, dlogits,
         n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple, PEEL=peel, num_warps=warps,
+        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)),
+        PEEL=_peel(rows, logits), num_warps=warps,
     )  # fmt: skip
     return dlogits
 

@@ -78,7 +78,7 @@ ROW_KERNELS = {
         softmax.softmax_backward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024, "NATIVE_16BIT": True}, 8, 0,
     ),
     "cross_entropy forward": (
-        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY, {"SMOOTHING": False, "BLOCK_M": 1, "BLOCK_SIZE": 1024}, 4, 1,  # the target's logit
+        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY, {"SMOOTHING": False, "BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0}, 4, 1,  # the target's logit
     ),
     "cross_entropy backward": (
         cross_entropy.cross_entropy_backward_kernel,
@@ -102,14 +102,23 @@ def test_without_the_multiple_the_same_rows_move_2_bytes_an_access():
     assert "ld.global.b16" in accesses and "ld.global.v4.b32" not in accesses, sorted(set(accesses))
 
 
-def test_rows_that_start_off_a_16_byte_boundary_are_swept_from_the_boundary():
-    """The cross entropy backward's peeled sweep (rows of 50257 bf16 columns, COL_MULTIPLE 1): the body
-    moves 16 bytes an access; only the row's first and last partial runs go one element at a time.
-    Without PEEL the same rows go one element at a time throughout."""
-    pointers = {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}
-    constexprs = {"BLOCK_M": 1, "BLOCK_SIZE": 4096, "COL_MULTIPLE": 1}
-    peeled = _global_accesses(_ptx(cross_entropy.cross_entropy_backward_kernel, pointers, {**constexprs, "PEEL": 8}, 8))
-    assert peeled.count("ld.global.v4.b32") == 2 and peeled.count("st.global.v4.b32") == 2, sorted(peeled)  # 16 a thread
-    assert peeled.count("ld.global.b16") <= 2 and peeled.count("st.global.b16") <= 2, sorted(peeled)  # the two edge runs
-    plain = _global_accesses(_ptx(cross_entropy.cross_entropy_backward_kernel, pointers, {**constexprs, "PEEL": 0}, 8))
-    assert "ld.global.v4.b32" not in plain and plain.count("ld.global.b16") == 16, sorted(plain)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_rows_that_start_off_a_16_byte_boundary_are_swept_from_the_boundary(direction):
+    """Cross entropy's peeled sweeps (rows of 50257 bf16 columns, COL_MULTIPLE 1): the body loads 16
+    bytes an access; only the row's first and last partial runs go one element at a time (and the
+    forward's x_t).  Without PEEL the same rows go one element at a time throughout."""
+    if direction == "forward":
+        kernel, pointers = cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY
+        constexprs, narrow = {"SMOOTHING": False}, 1
+    else:
+        kernel, pointers = cross_entropy.cross_entropy_backward_kernel, {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}
+        constexprs, narrow = {}, 0
+    constexprs.update({"BLOCK_M": 1, "BLOCK_SIZE": 4096, "COL_MULTIPLE": 1})
+    peeled = _global_accesses(_ptx(kernel, pointers, {**constexprs, "PEEL": 8}, 8))
+    loads = 6 if direction == "forward" else 2  # 2 a chunk of 16 a thread: first, next, and in the loop (forward)
+    assert peeled.count("ld.global.v4.b32") == loads, sorted(peeled)
+    assert peeled.count("ld.global.b16") <= 2 * 8 + narrow, sorted(peeled)  # the two edge runs of 8, x_t
+    if direction == "backward":
+        assert peeled.count("st.global.v4.b32") == 2 and peeled.count("st.global.b16") <= 2 * 8, sorted(peeled)
+    plain = _global_accesses(_ptx(kernel, pointers, {**constexprs, "PEEL": 0}, 8))
+    assert "ld.global.v4.b32" not in plain and plain.count("ld.global.b16") >= 16, sorted(plain)

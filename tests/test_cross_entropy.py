@@ -568,27 +568,29 @@ def small_tiles(monkeypatch):
 
 @pytest.fixture
 def peel_flags(small_tiles, monkeypatch):
-    """The PEEL of every backward launch, with rows of more than 8 columns one a program."""
+    """{kernel name: the PEEL of each launch} of the row kernels, with rows of more than 8 columns
+    one a program."""
     from ops import cross_entropy as module
 
     monkeypatch.setitem(module._STACKED_ROW, "cpu", 8)
 
-    flags, launcher = [], module.launcher
+    flags, launcher = {}, module.launcher
+    row_kernels = (module.cross_entropy_forward_kernel, module.cross_entropy_backward_kernel)
 
     class Recording:
-        def __init__(self, launch):
-            self.launch = launch
+        def __init__(self, kernel, launch):
+            self.name, self.launch = kernel.fn.__name__, launch
 
         def __getitem__(self, grid):
             def run(*args, **constexprs):
-                flags.append(constexprs["PEEL"])
+                flags.setdefault(self.name, set()).add(constexprs["PEEL"])
                 return self.launch[grid](*args, **constexprs)
 
             return run
 
     def recording(kernel, like):
         launch = launcher(kernel, like)
-        return Recording(launch) if kernel is module.cross_entropy_backward_kernel else launch
+        return Recording(kernel, launch) if kernel in row_kernels else launch
 
     monkeypatch.setattr(module, "launcher", recording)
     return flags
@@ -620,9 +622,38 @@ def test_backward_tiles_and_chunks(peel_flags, n_cols, strided, dtype, reduction
         _, ref = reference_loss_and_grad(logits, ref_target, grad, reduction=reduction, label_smoothing=smoothing)
         assert_close(dlogits[kept], ref[kept], dtype)
         assert (dlogits[target == -100] == 0).all() and dlogits[8].isnan().all()
-    vector = 16 // logits.element_size()
-    peeled = n_cols >= 2 * vector and not strided and (n_cols & -n_cols) < vector  # one a program, not all aligned
-    assert set(peel_flags) == {vector if peeled else 0}
+    assert peel_flags["cross_entropy_backward_kernel"] == {_expected_peel(n_cols, strided, dtype)}
+
+
+def _expected_peel(n_cols, strided, dtype):
+    """With peel_flags' tiles: one row a program, contiguous, not all rows aligned, two runs long."""
+    vector = 16 // torch.empty((), dtype=dtype).element_size()
+    return vector if n_cols > 8 and not strided and (n_cols & -n_cols) < vector and n_cols >= 2 * vector else 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
+@pytest.mark.parametrize("n_cols", [33, 50, 64])  # rows off a 16-byte boundary; 64: all on one
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_of_rows_off_a_16_byte_boundary(peel_flags, n_cols, strided, dtype):
+    """The forward's peeled sweep: each row's max, sum, smoothing mean and x_t, with the row's first
+    and last partial runs taken apart from the body; ignored rows (NaN) and an out-of-range target,
+    a row of -inf, a row whose only large logit sits in its first run and one with it in its last."""
+    logits, target = make_case(13, n_cols, "cpu", dtype, ignore_every=3)
+    logits[2] = -float("inf")
+    logits[4, 0] = logits[5, -1] = 30.0
+    target[8] = n_cols
+    poisoned = torch.full((13, n_cols + 5 * strided), float("nan"), dtype=dtype)[:, :n_cols]
+    poisoned.copy_(logits)
+    poisoned[target == -100] = float("nan")
+    kept = (target != -100) & (target != n_cols)
+    kept[2] = False  # all -inf: NaN, checked below
+    for smoothing in SMOOTHINGS:
+        loss, _ = torch.ops.tk.cross_entropy_forward(poisoned, target, -100, "none", smoothing)
+        ref = reference(logits, target.clamp(max=n_cols - 1), reduction="none", label_smoothing=smoothing)
+        assert_close(loss[kept], ref[kept], dtype)
+        assert (loss[target == -100] == 0).all() and loss[8].isnan() and loss[2].isnan()
+    assert peel_flags["cross_entropy_forward_kernel"] == {_expected_peel(n_cols, strided, dtype)}
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_spec(device):
