@@ -410,12 +410,13 @@ def _row_tile(n_rows, n_cols: int, device: torch.device) -> tuple[int, int, int]
     return rows, block, warps_for(rows * block, per_thread=8)
 
 
-def _peel(rows: int, logits: torch.Tensor) -> int:
+def _peel(rows: int, logits: torch.Tensor, col_multiple: int) -> int:
     """PEEL of the row kernels: the elements in 16 bytes for one contiguous row a program whose rows do
-    not all start on a 16-byte boundary and that is two 16-byte runs long at least; 0 otherwise."""
+    not all start on a 16-byte boundary and that is two 16-byte runs long at least; 0 otherwise.
+    (col_multiple: the launch's COL_MULTIPLE, which for contiguous rows is that of the row length.)"""
     n_cols = logits.shape[1]
     vector = 16 // logits.element_size()
-    aligned = column_multiple(n_cols) >= vector
+    aligned = col_multiple >= vector
     return vector if rows == 1 and logits.stride(0) == n_cols and not aligned and n_cols >= 2 * vector else 0
 
 
@@ -502,10 +503,11 @@ def _cross_entropy_forward(
         row_loss = torch.empty(n_rows, dtype=compute, device=device)
     if n_rows > 0:
         rows, block, warps = _row_tile(n_rows, n_cols, device)
+        col_multiple = column_multiple(n_cols, logits.stride(0))
         launcher(cross_entropy_forward_kernel, logits)[(cdiv(n_rows, rows),)](
             logits, target, row_loss, lse, n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
             SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block,
-            COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)), PEEL=_peel(rows, logits), num_warps=warps,
+            COL_MULTIPLE=col_multiple, PEEL=_peel(rows, logits, col_multiple), num_warps=warps,
         )  # fmt: skip
     if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
         reduce_block = _reduce_block(n_rows, device)
@@ -551,11 +553,12 @@ def _cross_entropy_backward(
             grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
         )
     rows, block, warps = _row_tile(n_rows, n_cols, logits.device)
+    col_multiple = column_multiple(n_cols, logits.stride(0))
     launcher(cross_entropy_backward_kernel, logits)[(cdiv(n_rows, rows),)](
         logits, target, lse, scale, dlogits,
         n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=column_multiple(n_cols, logits.stride(0)),
-        PEEL=_peel(rows, logits), num_warps=warps,
+        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple, PEEL=_peel(rows, logits, col_multiple),
+        num_warps=warps,
     )  # fmt: skip
     return dlogits
 

@@ -62,6 +62,7 @@ no measurable gain.  The autograd therefore keeps x and weight only.
 """
 
 from dataclasses import dataclass
+import math
 from typing import Optional
 
 import torch
@@ -909,13 +910,6 @@ register_formula(
 EPS = 1e-5  # F.layer_norm's default
 
 
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
-
-
 def _make_inputs(shape, dtype, device):
     """x, and a fixed weight and bias near PyTorch's initial ones (1 and 0), not equal to them."""
     n = shape[-1]
@@ -945,9 +939,9 @@ register_spec(
         reference=lambda x, weight, bias: F.layer_norm(x, (x.shape[-1],), weight, bias, EPS),
         make_inputs=_make_inputs,
         # read x, write y, read weight and bias
-        bytes_moved=lambda shape, dtype: (2 * _prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        bytes_moved=lambda shape, dtype: (2 * math.prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
         # sum; subtract, square, sum; subtract, scale by rstd; times w, plus b
-        flops=lambda shape, dtype: 8 * _prod(shape),
+        flops=lambda shape, dtype: 8 * math.prod(shape),
         tolerance=NORM_TOLERANCE,
         shapes=NORM_SHAPES,
         peers={"liger": _liger_layer_norm},
@@ -976,9 +970,9 @@ register_spec(
         ),
         make_inputs=_make_backward_inputs,
         # read grad and x, write dx; read weight, write dweight and dbias
-        bytes_moved=lambda shape, dtype: (3 * _prod(shape) + 3 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        bytes_moved=lambda shape, dtype: (3 * math.prod(shape) + 3 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
         # xhat (2), g = dy * w, the two row sums (4), dx (4), dweight and dbias (3)
-        flops=lambda shape, dtype: 13 * _prod(shape),
+        flops=lambda shape, dtype: 13 * math.prod(shape),
         tolerance=NORM_TOLERANCE,
         shapes=NORM_SHAPES,
     )

@@ -22,6 +22,7 @@ Arguments, as in ``torch.nn.functional.rms_norm(x, (N,), weight, eps)``:
   far from PyTorch's result on small inputs.)
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -200,13 +201,6 @@ register_formula(
 EPS = 1e-6  # a common choice for RMS norm in transformers
 
 
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
-
-
 def _make_inputs(shape, dtype, device):
     """x, and a fixed weight near PyTorch's initial one (1), not equal to it."""
     weight = 1 + 0.1 * torch.randn(shape[-1], dtype=dtype, device=device)
@@ -226,9 +220,9 @@ register_spec(
         reference=lambda x, weight: F.rms_norm(x, (x.shape[-1],), weight, EPS),
         make_inputs=_make_inputs,
         # read x, write y, read weight
-        bytes_moved=lambda shape, dtype: (2 * _prod(shape) + shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        bytes_moved=lambda shape, dtype: (2 * math.prod(shape) + shape[-1]) * torch.empty((), dtype=dtype).element_size(),
         # square and sum; scale by rstd; times w
-        flops=lambda shape, dtype: 4 * _prod(shape),
+        flops=lambda shape, dtype: 4 * math.prod(shape),
         tolerance=NORM_TOLERANCE,
         shapes=NORM_SHAPES,
         peers={"liger": _liger_rms_norm},
@@ -244,8 +238,9 @@ def _make_backward_inputs(shape, dtype, device):
     return torch.randn(shape, dtype=dtype, device=device), x, weight, rstd
 
 
-def _backward_formula(grad, x, weight, rstd):
-    """(dx, dweight) from the module docstring's formulas, composed of PyTorch ops; rstd recomputed."""
+def _backward_formula(grad, x, weight, _saved_rstd):
+    """(dx, dweight) from the module docstring's formulas, composed of PyTorch ops; rstd recomputed
+    (in float64 for the float64 reference), the saved one left unused."""
     x32 = x.float() if x.dtype != torch.float64 else x
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS)
     xhat, dy = x32 * rstd, grad.to(x32.dtype)
@@ -272,9 +267,9 @@ register_spec(
         reference64=_backward_formula,
         make_inputs=_make_backward_inputs,
         # read grad and x, write dx; read weight, write dweight
-        bytes_moved=lambda shape, dtype: (3 * _prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
+        bytes_moved=lambda shape, dtype: (3 * math.prod(shape) + 2 * shape[-1]) * torch.empty((), dtype=dtype).element_size(),
         # xhat, g = dy * w, the row sum (2), dx (3), dweight (2)
-        flops=lambda shape, dtype: 9 * _prod(shape),
+        flops=lambda shape, dtype: 9 * math.prod(shape),
         tolerance=NORM_TOLERANCE,
         shapes=NORM_SHAPES,
     )
