@@ -36,15 +36,16 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
 # tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
 # imports this module after defining them.
-from .softmax import _block_max_exp, _combine_partials, _finite_or_zero, _pack, _poll, _publish, _rescale, _unpack
+from ._cooperative import pack, poll, publish, unpack
+from .softmax import _block_max_exp, _combine_partials, _finite_or_zero, _rescale
 
 _max_exp = gluon.jit(_block_max_exp.fn)
 _combine = gluon.jit(_combine_partials.fn)
 _factor = gluon.jit(_rescale.fn)
-_pack_word = gluon.jit(_pack.fn)
-_unpack_word = gluon.jit(_unpack.fn)
-_publish_word = gluon.jit(_publish.fn)
-_poll_words = gluon.jit(_poll.fn)
+_pack_word = gluon.jit(pack.fn)
+_unpack_word = gluon.jit(unpack.fn)
+_publish_word = gluon.jit(publish.fn)
+_poll_words = gluon.jit(poll.fn)
 _shift = gluon.jit(_finite_or_zero.fn)
 
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
@@ -67,7 +68,7 @@ def _as_float32(x, cols, n_cols):
 
 @gluon.jit
 def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
-    """The row's partial words once all are published (see ops/softmax.py's _poll).  SEGMENTS_BLOCK
+    """The row's partial words once all are published (see ops/_cooperative.py's poll).  SEGMENTS_BLOCK
     is at least the program's threads, so `layout` gives each word one copy (see _words_block)."""
     segments = gl.arange(0, SEGMENTS_BLOCK, layout=layout)
     return _poll_words(words_ptr + row.to(gl.int64) * n_segments + segments, segments < n_segments, max_spins)

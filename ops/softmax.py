@@ -51,7 +51,19 @@ import triton
 import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
-from ._device import cuda_capability, kind as _kind, resident_programs_per_sm, sm_count as _sm_count
+from ._cooperative import (
+    partial_at,
+    pack,
+    plan,
+    program_segment,
+    programs_at_once,
+    publish,
+    row_words,
+    unpack,
+    unpublished_words,
+    words_block,
+)
+from ._device import cuda_capability, kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
 from ._registry import (
     FLOAT32_RESULT,
@@ -312,12 +324,6 @@ def _segment(segment, segment_len, n_cols):
 
 
 @triton.jit
-def _partial_at(row, segment, n_segments):
-    """Where the partial of (row, segment) lies in an (n_rows, n_segments) scratch."""
-    return row * n_segments + segment
-
-
-@triton.jit
 def _reversed_program():
     """(row, segment) of a second-pass program: the grid walked backwards.
 
@@ -336,7 +342,7 @@ def _row_partials(ptr, row, n_segments, other, SEGMENTS_BLOCK: tl.constexpr):
     """All partials of `row` in one masked block (lanes past the last segment: `other`).
     Read from L2 (`.cg`): other programs, on other SMs, wrote them."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
-    offsets = _partial_at(row, segments, n_segments)
+    offsets = partial_at(row, segments, n_segments)
     return tl.load(ptr + offsets, mask=segments < n_segments, other=other, cache_modifier=".cg")
 
 
@@ -349,7 +355,7 @@ def softmax_partial_stats_kernel(
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     seg_max, seg_sum = _online_max_sum(x_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
-    at = _partial_at(row, segment, tl.num_programs(1))  # the grid is the scratch's shape: in bounds
+    at = partial_at(row, segment, tl.num_programs(1))  # the grid is the scratch's shape: in bounds
     tl.store(max_ptr + at, seg_max)
     tl.store(sum_ptr + at, seg_sum)
 
@@ -378,7 +384,7 @@ def softmax_backward_partial_dot_kernel(
     row, segment = tl.program_id(0).to(tl.int64), tl.program_id(1)
     first, end = _segment(segment, segment_len, n_cols)
     dot = _dot(dy_ptr, y_ptr, _row_start(row, n_cols, inner), first, end, inner, BLOCK_SIZE)
-    tl.store(dot_ptr + _partial_at(row, segment, tl.num_programs(1)), dot)  # the grid is the scratch's shape
+    tl.store(dot_ptr + partial_at(row, segment, tl.num_programs(1)), dot)  # the grid is the scratch's shape
 
 
 @triton.jit
@@ -395,101 +401,17 @@ def softmax_backward_segments_kernel(
 
 
 # --------------------------------------------------------------------------
-# Rows held on chip across programs: a persistent grid, one segment of a row
-# per program, each segment's partial one word of an (n_rows, n_segments)
-# scratch.  Program p always takes segment p % n_segments, of rows p //
-# n_segments, then rows_at_once further on, and so on: all programs of a row
-# are in the same round, so no program ever waits for one that is still
-# busy with a later row.
-#
-# A partial is published as a single 64-bit word, two float32 packed, so the
-# word is its own flag: the scratch starts with every word _UNPUBLISHED and a
-# program polls its row's words until none is.  The first version published
-# two float32 stores and then counted in on a counter per row, which needs a
-# release (whoever sees the count must see the partials), and a release waits
-# until the program's earlier stores have landed, the last round's y among
-# them.  One word needs nothing ordered before it: a relaxed atomic.  On an
-# H100 the change lifted the 16-bit forward by 5-19 points of copy bandwidth
-# (docs/perf-notes.md, version 18).
+# Rows held on chip across programs (the protocol: ops/_cooperative.py).  A
+# program's partial is its segment's (max, sum) in the forward, sum(dy * y)
+# in the backward; lanes past a row's last segment read as (-inf, 0.0), a
+# partial that counts for nothing.
 # --------------------------------------------------------------------------
-
-_UNPUBLISHED = tl.constexpr(-1)  # all 64 bits set: no partial packs to it (see _pack)
-_PADDING_WORD = tl.constexpr(-(1 << 55))  # 0xff800000_00000000: (-inf, 0.0), a partial that counts for nothing
-
-
-@triton.jit
-def _unpublish_kernel(words_ptr, n, BLOCK: tl.constexpr):
-    """Every word of a scratch set to _UNPUBLISHED.  (A scratch has a word per
-    segment of 2048 elements or more: far fewer than 2**31, so int32 offsets do.)"""
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(words_ptr + offsets, tl.full((BLOCK,), _UNPUBLISHED, tl.int64), mask=offsets < n)
-
-
-@triton.jit
-def _cooperative_program(n_segments, SEGMENT: tl.constexpr):
-    """This program's segment, its columns and its first row."""
-    pid = tl.program_id(0)
-    segment = pid % n_segments
-    return segment, segment * SEGMENT + tl.arange(0, SEGMENT), pid.to(tl.int64) // n_segments
-
-
-@triton.jit
-def _pack(high, low):
-    """Two float32 as one int64 word, `high` in the upper half.  A NaN `low` is
-    stored as the canonical NaN (0x7fc00000), so no word has all bits set."""
-    low = tl.where(low == low, low, float("nan"))
-    high_bits = high.to(tl.int32, bitcast=True).to(tl.int64)  # sign-extended: the shift drops the extension
-    return (high_bits << 32) | low.to(tl.uint32, bitcast=True).to(tl.int64)  # unsigned: zero-extended
 
 
 @triton.jit
 def _pack_dot(dot):
     """The backward's partial, sum(dy * y), as a word (in the lower half)."""
-    return _pack(tl.zeros_like(dot), dot)
-
-
-@triton.jit
-def _unpack(word):
-    """The two float32 of a word (or of a block of words), upper half first."""
-    high = (word >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    return high, word.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _publish(words_ptr, at, word):
-    """Hand this program's partial to its row's other programs: one relaxed
-    atomic, which does not wait for this program's other stores."""
-    tl.atomic_xchg(words_ptr + at, word, sem="relaxed")
-
-
-@triton.jit
-def _count_unpublished(words):
-    return tl.sum((words == _UNPUBLISHED).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _poll(word_ptrs, mask, max_spins):
-    """The words at `word_ptrs` (lanes off `mask`: _PADDING_WORD), read again up to
-    max_spins times until every one is published; and whether every one is.
-
-    Volatile loads read L2, where other SMs' atomics land, on each poll.  The
-    grid is sized so that a row's programs all run at once and the wait is
-    short (microseconds).  If the GPU runs fewer at once (another process holds
-    SMs, a GPU with fewer registers), a program gives up after max_spins polls
-    and its caller computes the partials itself."""
-    words = tl.load(word_ptrs, mask=mask, other=_PADDING_WORD, volatile=True)
-    spins = 0
-    while (_count_unpublished(words) > 0) & (spins < max_spins):
-        words = tl.load(word_ptrs, mask=mask, other=_PADDING_WORD, volatile=True)
-        spins += 1
-    return words, _count_unpublished(words) == 0
-
-
-@triton.jit
-def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: tl.constexpr):
-    """The row's partial words once all are published (see _poll)."""
-    segments = tl.arange(0, SEGMENTS_BLOCK)
-    return _poll(words_ptr + _partial_at(row, segments, n_segments), segments < n_segments, max_spins)
+    return pack(tl.zeros_like(dot), dot)
 
 
 @triton.jit
@@ -524,9 +446,9 @@ def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.
 def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max, numerator,
                         SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
     """Wait for the row's words, combine them and write y's segment from its numerators."""
-    words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+    words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
     if published:
-        part_max, part_sum = _unpack(words)
+        part_max, part_sum = unpack(words)
     else:
         part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
         # Compute this segment's numerator again rather than keep it in registers through the loop above.
@@ -548,7 +470,7 @@ def softmax_forward_cooperative_kernel(
     next round's segment is loaded (see _next_load), to stream in while this
     round works and waits: "before_partial" or "during_wait"."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
-    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    segment, cols, first_row = program_segment(n_segments, SEGMENT)
     x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
@@ -557,7 +479,7 @@ def softmax_forward_cooperative_kernel(
         if LOAD_NEXT == "before_partial":
             x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         seg_max, numerator = _block_max_exp(x)
-        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack(seg_max, tl.sum(numerator, axis=0)))
+        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, tl.sum(numerator, axis=0)))
         if LOAD_NEXT == "during_wait":
             x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
         _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max,
@@ -570,7 +492,7 @@ def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner
     """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max and exp(x - max)."""
     seg_max, numerator = _block_max_exp(_load_x(x_ptr, row, n_rows, cols, n_cols, inner))
     if row < n_rows:
-        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack(seg_max, tl.sum(numerator, axis=0)))
+        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, tl.sum(numerator, axis=0)))
     return seg_max, numerator
 
 
@@ -589,7 +511,7 @@ def softmax_forward_lagged_kernel(
     numerators in registers, which float32 affords on segments of 4096
     columns (16-bit rows: see _COOPERATIVE_FORWARD)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
-    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    segment, cols, first_row = program_segment(n_segments, SEGMENT)
     seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
@@ -632,7 +554,7 @@ def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, i
     """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y."""
     dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
     if row < n_rows:
-        _publish(words_ptr, _partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
+        publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
     return dy, y
 
 
@@ -645,16 +567,16 @@ def softmax_backward_lagged_kernel(
     softmax_forward_lagged_kernel): the next row's sum(dy * y) goes out
     before the wait for this row's words, then dx is written."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
-    segment, cols, first_row = _cooperative_program(n_segments, SEGMENT)
+    segment, cols, first_row = program_segment(n_segments, SEGMENT)
     dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
         dy_next, y_next = _publish_dot(dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments,
                                        NATIVE_16BIT)  # fmt: skip
-        words, published = _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+        words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
-            _, part_dot = _unpack(words)
+            _, part_dot = unpack(words)
         else:
             part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT, SEGMENT, SEGMENTS_BLOCK)
             # Read this segment again rather than keep it in registers through the loop above.
@@ -881,26 +803,17 @@ def _split(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int]:
 
 
 def _cooperative_plan(setup: _Cooperative, n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int] | None:
-    """(n_segments, rows_at_once) for rows held on chip across programs; None where they cannot be.
-
-    The grid is what the GPU runs at once; a row's segments must all be in
-    it, so rows of more segments than that (past about 3 million columns on
-    an H100) are split instead.  Rows are spread over rounds as evenly as
-    the grid allows, so the last round is not a sliver."""
+    """(n_segments, rows_at_once) for rows held on chip across programs; None where they cannot be:
+    off on this kind of device, or a row of more segments than the grid holds (past about 3
+    million columns on an H100), which is split instead."""
     kind = _kind(device)
     if not _COOPERATIVE_ROWS[kind]:
         return None
     if kind == "cuda":
-        fits = resident_programs_per_sm(device.index, setup.warps, setup.registers, setup.shared)
-        per_sm = min(setup.programs_per_sm, fits)
-        programs = per_sm * _sm_count(device.index)
+        programs = programs_at_once(device, setup.warps, setup.registers, setup.programs_per_sm, setup.shared)
     else:
         programs = _CPU_PROGRAMS
-    n_segments = cdiv(n_cols, _segment_len(setup, kind))
-    if n_segments > programs:
-        return None
-    rounds = cdiv(n_rows, min(programs // n_segments, n_rows))
-    return n_segments, cdiv(n_rows, rounds)
+    return plan(n_rows, cdiv(n_cols, _segment_len(setup, kind)), programs)
 
 
 def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: int) -> list[torch.Tensor]:
@@ -910,32 +823,8 @@ def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: i
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
 
-def _unpublished_words(like: torch.Tensor, n_rows: int, n_segments: int) -> torch.Tensor:
-    """The cooperative kernels' scratch: a word per (row, segment), none published yet.
-
-    Filled by a kernel of its own rather than torch.full: a body that only
-    allocates and launches Triton kernels can be replayed from C++ (see
-    _native.py): on the H100 host an eager 8x65536 bfloat16 call went from
-    88 µs to 14 (torch.softmax: 10)."""
-    words = torch.empty(n_rows, n_segments, dtype=torch.int64, device=like.device)
-    n = words.numel()
-    launcher(_unpublish_kernel, like)[(cdiv(n, _FILL_BLOCK),)](words, n, BLOCK=_FILL_BLOCK)
-    return words
-
-
-_FILL_BLOCK = 1024
-
-
 def _words_block(setup: _Cooperative, n_segments: int) -> int:
-    """SEGMENTS_BLOCK of the cooperative kernels: a row's words, at least one a thread.
-
-    A block smaller than the program's threads is replicated across them, each
-    copy loaded on its own while the words are still being published: copies
-    can disagree, and the threads with them (one decides the row is complete
-    and combines a copy that is not).  One copy per word keeps every thread's
-    view the same; the GPU test that compares waiting with not waiting found
-    NaN rows without it."""
-    return max(next_power_of_2(n_segments), 32 * setup.warps)
+    return words_block(setup.warps, n_segments)
 
 
 def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags):
@@ -945,7 +834,7 @@ def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags)
     if not setup.lagged:
         flags["LOAD_NEXT"] = _next_load(n_segments)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
-        *tensors, _unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
+        *tensors, unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
         _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=_words_block(setup, n_segments), **flags,
     )
 
@@ -978,7 +867,7 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
-        x, y, _unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
+        x, y, unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=setup.stages,
         VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers,
     )

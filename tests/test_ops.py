@@ -15,6 +15,8 @@ from ops import gelu as gelu_ops  # the modules, for their design constants
 from ops import matmul as matmul_ops
 from ops import softmax as softmax_ops
 from ops._alignment import column_multiple
+from ops import _cooperative as cooperative
+from ops._cooperative import UNPUBLISHED, unpublished_words
 
 
 def pick(device, cpu, cuda):
@@ -505,7 +507,7 @@ def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
     n_rows = tensors[-1].numel() // n_cols
     setup = _held_setup(kernel_name, tensors[-1].element_size())
     n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
-    words = softmax_ops._unpublished_words(tensors[-1], n_rows, n_segments)
+    words = unpublished_words(tensors[-1], n_rows, n_segments)
     flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
     flags["COL_MULTIPLE"] = column_multiple(n_cols)
     if not setup.lagged:
@@ -567,8 +569,8 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
     assert_close(backward[0][finite], y64 * (grad64 - (grad64 * y64).sum(-1, keepdim=True)), dtype)
 
     # Every word published, and it holds its segment's partial (segments of _CPU_SEGMENT columns).
-    assert (forward_words != softmax_ops._UNPUBLISHED.value).all()
-    assert (backward_words != softmax_ops._UNPUBLISHED.value).all()
+    assert (forward_words != UNPUBLISHED.value).all()
+    assert (backward_words != UNPUBLISHED.value).all()
     segment = softmax_ops._CPU_SEGMENT
     padded = F.pad(x.double(), (0, 128 - 100), value=-float("inf")).view(5, -1, segment)
     segment_max = padded.amax(-1)
@@ -600,7 +602,7 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert resident_programs_per_sm(0, 8, 80) == 3  # 65536 registers // (80 * 256)
         assert resident_programs_per_sm(0, 8, 128) == 2
         assert resident_programs_per_sm(0, 2, 32) == 32  # the thread limit: 2048 // 64
-        monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)
+        monkeypatch.setattr(cooperative, "sm_count", lambda index: 132)
         cuda = torch.device("cuda", 0)
         bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
         backward_bf16, backward_fp32 = softmax_ops._COOPERATIVE_BACKWARD[2], softmax_ops._COOPERATIVE_BACKWARD[4]
