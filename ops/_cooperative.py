@@ -123,6 +123,19 @@ def row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: tl.constexp
 # --------------------------------------------------------------------------
 
 
+def register_capped(kernel, warps: int, registers: int):
+    """`kernel` launched with `warps` warps and at most `registers` registers a thread.
+
+    A one-config autotune, because only a config carries the register cap
+    (maxnreg) through torch.compile, where a launch argument would not:
+    Inductor drops it (the compiled path is tested on the GPU for its results,
+    not its speed).  The cap sets how many programs share an SM, and with the
+    segment each holds, the bytes each SM has in flight while its programs
+    wait for each other."""
+    config = triton.Config({}, num_warps=warps, maxnreg=registers)
+    return triton.autotune(configs=[config], key=[])(kernel)
+
+
 def programs_at_once(device: torch.device, warps: int, registers: int, programs_per_sm: int, shared: int = 0) -> int:
     """The grid: `programs_per_sm` programs an SM, or as many as fit (registers capped at `registers`)."""
     fits = resident_programs_per_sm(device.index, warps, registers, shared)

@@ -50,6 +50,8 @@ Backward, two designs, by row length:
   grid, writes dx for its chunk of each row of its group and accumulates
   that chunk of dw/db in registers into the scratch; then the same column
   sum.  x and dy are read twice, the price of rows longer than a block.
+  On CUDA, RMS norm's rows are instead held on chip across programs (see
+  rms_norm_backward_held_kernel and _HELD_BACKWARD): read once.
 
 Saved statistics or recomputed ones: recomputed.  The backward reads every
 row of x and dy anyway, and mean and rstd come out of the very pass that
@@ -71,6 +73,7 @@ import triton
 import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
+from ._cooperative import plan, programs_at_once, register_capped, unpublished_words, words_block
 from ._device import kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
 from ._registry import (
@@ -547,6 +550,7 @@ class NormKernels:
     backward: object  # short rows, persistent programs, partial dw/db
     backward_stats: object  # long rows, pass 1
     backward_columns: object  # long rows, pass 2
+    backward_held: object = None  # long rows held on chip across programs (CUDA), where the op has it
 
 
 LAYER_NORM_KERNELS = NormKernels(
@@ -611,6 +615,33 @@ _LOAD_AHEAD_BYTES = 16384
 _BACKWARD_TILE_BYTES = 16384
 _BACKWARD_THREAD_BYTES = 32
 _NARROWER_BACKWARD_TILES = {(2, 2048): 4096}  # (widest element's bytes, BLOCK_N): tile elements
+# Backward rows past _MAX_BLOCK_BACKWARD held on chip across programs, for an
+# op that has that kernel (RMS norm: rms_norm_backward_held_kernel), keyed by
+# the widest input's element size; float64 keeps the two-sweep design.  A
+# program holds SEGMENT columns of x and dy, twice (this row's and the next's),
+# and of the dw accumulator, on `warps` warps at most `registers` registers a
+# thread, `programs_per_sm` an SM.  H100, rms_norm backward, % of a copy of the
+# same bytes at 8192x12288 / 4096x32768 / 256x262144, two sweeps -> held:
+# bf16 59 / 59 / 51 -> 72 / 73 / 63, float32 59 / 59 / 57 -> 79 / 78 / 69
+# (other setups, w held in registers, no round ahead: docs/perf-notes.md,
+# version 30).  Layer norm's partial takes two words and its segments more
+# registers; held, it lost to its two sweeps (14-51 against 45-59).  The
+# interpreter runs one program after another: off on CPU, except in tests,
+# which then take the path that computes the partials itself, over
+# _CPU_HELD_SEGMENT columns.
+@dataclass(frozen=True)
+class HeldRows:
+    segment: int
+    warps: int
+    registers: int
+    programs_per_sm: int
+
+
+_HELD_ROWS = {"cuda": True, "cpu": False}
+_HELD_BACKWARD = {2: HeldRows(2048, 4, 96, 5), 4: HeldRows(1024, 2, 128, 8)}
+_CPU_HELD_SEGMENT = 32
+_MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's words before computing its partials here
+_CAPPED = {}  # (kernel, warps, registers): the kernel with that launch config (see register_capped)
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
@@ -722,6 +753,15 @@ def normalize_backward(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
             **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead, num_warps=warps,
         )  # fmt: skip
+    elif (held := _held_plan(kernels, n_rows, n_cols, max(x.element_size(), grad.element_size()), x.device)):
+        setup, segment, n_segments, rows_at_once = held
+        dw_partial, db_partial = _partials(rows_at_once, n_cols, x, dx, weight_grad, bias_grad)
+        words = unpublished_words(x, n_rows, n_segments)
+        _launch(
+            _capped(kernels.backward_held, setup), (rows_at_once * n_segments,), grad, x, w, dx, dw_partial,
+            db_partial, words, n_rows, n_cols, eps, n_segments, rows_at_once, _MAX_SPINS[kind], **flags,
+            SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments),
+        )  # fmt: skip
     else:
         chunk = _CHUNK[kind]
         stats = torch.empty(n_rows, _STATS, dtype=_compute_dtype(x), device=x.device)
@@ -743,6 +783,31 @@ def normalize_backward(
     if bias_grad:
         _column_sum(db_partial, db, n_cols, col_multiple)
     return dx, dw, db
+
+
+def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, widest: int, device: torch.device):
+    """(setup, segment, n_segments, rows_at_once) for backward rows held on chip across
+    programs; None where they are not: an op without that kernel, off on this kind of
+    device, float64, or a row of more segments than the grid holds."""
+    kind = _kind(device)
+    setup = _HELD_BACKWARD.get(widest)
+    if kernels.backward_held is None or setup is None or not _HELD_ROWS[kind]:
+        return None
+    if kind == "cuda":
+        programs = programs_at_once(device, setup.warps, setup.registers, setup.programs_per_sm)
+        segment = setup.segment
+    else:
+        programs, segment = _CPU_PROGRAMS, _CPU_HELD_SEGMENT
+    found = plan(n_rows, cdiv(n_cols, segment), programs)
+    return None if found is None else (setup, segment, *found)
+
+
+def _capped(kernel, setup: HeldRows):
+    """`kernel` with `setup`'s warps and register cap, made once."""
+    key = (kernel, setup.warps, setup.registers)
+    if key not in _CAPPED:
+        _CAPPED[key] = register_capped(kernel, setup.warps, setup.registers)
+    return _CAPPED[key]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

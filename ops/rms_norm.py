@@ -30,6 +30,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._alignment import known_multiple
+from ._cooperative import pack, partial_at, program_segment, publish, row_words, unpack
 from ._registry import (
     FLOAT32_RESULT,
     GRAD,
@@ -42,7 +44,7 @@ from ._registry import (
     register_op,
     register_spec,
 )
-from .layer_norm import (
+from .layer_norm import (  # the bodies both norms share, and layer norm's pieces the held kernel reuses
     NORM_SHAPES,
     NORM_TOLERANCE,
     NormKernels,
@@ -56,6 +58,10 @@ from .layer_norm import (
     normalize_rows_backward,
     norm_dtype,
     row_statistics_backward,
+    _load,
+    _rstd,
+    _widen,
+    _zeros_1d,
 )
 
 # --------------------------------------------------------------------------
@@ -121,12 +127,117 @@ def rms_norm_backward_columns_kernel(
     )  # fmt: skip
 
 
+# --------------------------------------------------------------------------
+# Backward rows past a block, held on chip across programs (CUDA; the protocol:
+# ops/_cooperative.py).  A program keeps one segment of x and dy of a row in
+# registers, and the dw accumulator of its segment's columns over all the rows
+# it takes.  A segment's partial is one word: (sum(x^2), sum(x * g)).
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
+    """The row's columns `cols` of x and dy as stored (0 where masked, and past the last row)."""
+    end = tl.where(row < n_rows, n_cols, 0)
+    offsets = row * n_cols + cols
+    return tl.load(x_ptr + offsets, mask=cols < end, other=0.0), tl.load(dy_ptr + offsets, mask=cols < end, other=0.0)
+
+
+@triton.jit
+def _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
+    """g = dy * w, in the compute dtype.  w is loaded at each use (from L1 after the
+    first): held in registers for the program's whole run, it cost more than the loads."""
+    g = _widen(dy_stored)
+    if HAS_WEIGHT:
+        g = g * _load(w_ptr + cols, cols < n_cols)
+    return g
+
+
+@triton.jit
+def _segment_sums(x_stored, dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
+    """A segment's partial: sum(x^2) and sum(x * g)."""
+    x = _widen(x_stored)
+    return tl.sum(x * x, axis=0), tl.sum(x * _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT), axis=0)
+
+
+@triton.jit
+def _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                  HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of x and dy, publish its partial (nothing past the last row); x and dy as stored."""
+    x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+    if row < n_rows:
+        sum_xx, sum_xg = _segment_sums(x, dy, w_ptr, cols, n_cols, HAS_WEIGHT)
+        publish(words_ptr, partial_at(row, segment, n_segments), pack(sum_xx, sum_xg))
+    return x, dy
+
+
+@triton.jit
+def _segments_sums_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments, HAS_WEIGHT: tl.constexpr,
+                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+    """Every segment's partial of a row, computed by this program: the same code
+    on the same data as the programs that own them, so the same bits."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    sums_xx = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
+    sums_xg = sums_xx
+    for segment in range(0, n_segments):
+        cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+        x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+        sum_xx, sum_xg = _segment_sums(x, dy, w_ptr, cols, n_cols, HAS_WEIGHT)
+        sums_xx = tl.where(segments == segment, sum_xx, sums_xx)
+        sums_xg = tl.where(segments == segment, sum_xg, sums_xg)
+    return sums_xx, sums_xg
+
+
+@triton.jit
+def rms_norm_backward_held_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, words_ptr, n_rows, n_cols, eps,
+    n_segments, rows_at_once, max_spins,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Long rows held on chip across programs, publishing a round ahead: the next
+    row's partial goes out before the wait for this row's words, then dx is
+    written from the segment in registers, so x and dy are read once.  The
+    program's dw accumulator goes out as row `first_row` of the (rows_at_once, N)
+    scratch.  (BIAS_GRAD and db_partial_ptr: the signature is layer norm's.)"""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    segment, cols, first_row = program_segment(n_segments, SEGMENT)
+    mask = cols < n_cols
+    inside = tl.arange(0, SEGMENTS_BLOCK) < n_segments  # lanes past the row read as padding words
+    dw_acc = _zeros_1d(x_ptr, SEGMENT)
+    x_stored, dy_stored = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
+                                        n_segments, HAS_WEIGHT)  # fmt: skip
+    for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        x_next, dy_next = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
+                                        n_cols, n_segments, HAS_WEIGHT)  # fmt: skip
+        words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
+        if published:
+            sums_xx, sums_xg = unpack(words)
+        else:
+            sums_xx, sums_xg = _segments_sums_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments, HAS_WEIGHT,
+                                                   SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
+            # Read this segment again rather than keep it in registers through that loop.
+            x_stored, dy_stored = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+        rstd = _rstd(tl.sum(tl.where(inside, sums_xx, 0.0), axis=0), n_cols, eps)
+        mean_g_xhat = rstd * tl.sum(tl.where(inside, sums_xg, 0.0), axis=0) / n_cols
+        xhat = _widen(x_stored) * rstd
+        dx = (_gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT) - xhat * mean_g_xhat) * rstd
+        tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, _widen(dy_stored) * xhat, 0.0)
+        x_stored, dy_stored = x_next, dy_next
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + first_row * n_cols + cols, dw_acc, mask=mask)
+
+
 RMS_NORM_KERNELS = NormKernels(
     forward=rms_norm_forward_kernel,
     forward_long_rows=rms_norm_forward_long_rows_kernel,
     backward=rms_norm_backward_kernel,
     backward_stats=rms_norm_backward_stats_kernel,
     backward_columns=rms_norm_backward_columns_kernel,
+    backward_held=rms_norm_backward_held_kernel,
 )
 
 

@@ -58,6 +58,7 @@ from ._cooperative import (
     program_segment,
     programs_at_once,
     publish,
+    register_capped,
     row_words,
     unpack,
     unpublished_words,
@@ -655,10 +656,7 @@ class _Cooperative:
 
 
 def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int) -> _Cooperative:
-    # A one-config autotune only carries the register cap (maxnreg), which a
-    # launch argument would not carry through torch.compile.
-    config = triton.Config({}, num_warps=warps, maxnreg=registers)
-    tuned = triton.autotune(configs=[config], key=[])(kernel)
+    tuned = register_capped(kernel, warps, registers)
     lagged = kernel in (softmax_forward_lagged_kernel, softmax_backward_lagged_kernel)
     return _Cooperative(tuned, segment, warps, registers, programs_per_sm, lagged)
 

@@ -325,7 +325,7 @@ def launched(monkeypatch):
     launch = norm_ops._launch
 
     def spy(kernel, grid, *args, **kwargs):
-        calls.append((kernel.__name__, grid))
+        calls.append((getattr(kernel, "__name__", None) or kernel.fn.__name__, grid))  # an autotuner: its function's
         return launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(norm_ops, "_launch", spy)
@@ -538,6 +538,131 @@ def test_the_design_rules(monkeypatch):
     assert norm_ops._row_tile(1 << 20, 128, "cuda", torch.float64) == (8, 128)  # two registers a value
     short_rows = norm_ops._backward_programs(1 << 20, 1 << 20, cuda, norm_ops._SHORT_ROW_PROGRAMS_PER_SM)
     assert short_rows == 132  # one an SM: a program loading ahead holds its registers
+
+
+# ------------------------------------------------------ rows held across programs
+
+
+@pytest.fixture
+def held_rows(small_blocks, monkeypatch):
+    """RMS norm's backward rows held across programs on CPU: each program computes its row's
+    partials itself there (the interpreter runs programs one after another), over 32-column segments."""
+    monkeypatch.setitem(norm_ops._HELD_ROWS, "cpu", True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:3])  # float64 keeps the two sweeps (see test_the_held_rows_rule)
+@pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
+def test_rms_norm_backward_held_rows_match_float64(held_rows, launched, dtype, shape):
+    """Rows not cut evenly by segments (100 = 3 x 32 + 4; 33 = 32 + 1), rows not cut evenly by the
+    rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight and without, and a
+    float32 grad of a 16-bit x (an autocast result's): dx and dweight against float64."""
+    n = shape[-1]
+    x = 3 + 2 * torch.randn(shape, dtype=dtype)
+    weight, _ = params(n, "cpu", dtype, bias=False)
+    for w in (weight, None):
+        launched.clear()
+        check_gradients(
+            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+            [x.requires_grad_(), None if w is None else w.requires_grad_()],
+            dtype,
+        )
+        names = [name for name, _ in launched]
+        assert "rms_norm_backward_held_kernel" in names and "rms_norm_backward_stats_kernel" not in names, names
+    grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
+    dx, dw = torch.ops.tk.rms_norm_backward(grad, x.detach(), weight, 1e-6, True)
+    x64, w64 = leaf64(x), leaf64(weight)
+    F.rms_norm(x64, (n,), w64, 1e-6).backward(grad.double())
+    assert dx.dtype == dtype and dw.dtype == dtype
+    assert_close(dx, x64.grad, dtype)
+    assert_close(dw, w64.grad, dtype)
+
+
+def _held_twice(x, grad, weight):
+    """RMS norm's held backward launched twice over the same words: first no program waits (each
+    computes every partial of its rows and publishes its own), then each finds its rows' words
+    published and combines those.  Both (dx, dw partials), and the words."""
+    n_rows, n_cols = x.shape
+    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
+        ops.rms_norm.RMS_NORM_KERNELS, n_rows, n_cols, x.element_size(), x.device
+    )
+    words = ops._cooperative.unpublished_words(x, n_rows, n_segments)
+    results = []
+    for max_spins in (0, 1):
+        dx, dw_partial = torch.full_like(x, float("nan")), torch.full((rows_at_once, n_cols), float("nan"))
+        norm_ops.launcher(norm_ops._capped(ops.rms_norm.rms_norm_backward_held_kernel, setup), x)[
+            (rows_at_once * n_segments,)
+        ](
+            grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
+            HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
+            SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1,
+        )  # fmt: skip
+        results.append((dx, dw_partial))
+    return results, words
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_held_rows_published_partials_give_the_same_bits(held_rows, dtype):
+    """The path a GPU takes when a row's programs all run at once (partials read from the words)
+    and the one it takes when they do not (computed here): the same bits.  Each word holds its
+    segment's (sum(x^2), sum(x * dy * w))."""
+    x, grad = (3 + 2 * torch.randn(9, 100)).to(dtype), torch.randn(9, 100).to(dtype)
+    weight = (1 + 0.5 * torch.randn(100)).to(dtype)
+    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(x, grad, weight)
+    assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
+    assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
+    assert (words != ops._cooperative.UNPUBLISHED.value).all()
+    halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)  # little-endian: lower half first
+    x64, g64 = F.pad(x.double(), (0, 28)).view(9, 4, 32), F.pad(grad.double() * weight.double(), (0, 28)).view(9, 4, 32)
+    torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
+    dx64 = torch.ops.tk.rms_norm_backward(grad.double(), x.double(), weight.double(), 1e-6, False)[0]
+    assert_close(dx_read, dx64, dtype)
+
+
+def test_the_held_rows_rule(monkeypatch):
+    """RMS norm's backward rows past a block held across programs on CUDA, in 16 and 32 bits, when a
+    row's segments fit in the grid; layer norm, float64 and the interpreter keep the two sweeps."""
+    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
+    monkeypatch.setattr(ops._cooperative, "sm_count", lambda index: 132)
+    ops._device.resident_programs_per_sm.cache_clear()
+    rms, ln, cuda = ops.rms_norm.RMS_NORM_KERNELS, ops.layer_norm.LAYER_NORM_KERNELS, torch.device("cuda", 0)
+    try:
+        bf16, fp32 = norm_ops._HELD_BACKWARD[2], norm_ops._HELD_BACKWARD[4]
+        assert (bf16.segment, fp32.segment) == (2048, 1024)  # the numbers below follow
+        # 16-bit: 5 programs an SM (96 registers on 4 warps), 660: 41 rows of 16 segments at once, 100 rounds
+        assert norm_ops._held_plan(rms, 4096, 32768, 2, cuda) == (bf16, 2048, 16, 41)
+        # float32: 8 an SM (128 registers on 2 warps), 1056: 88 rows of 12 segments (the last of 1024), 94 rounds
+        assert norm_ops._held_plan(rms, 8192, 12288, 4, cuda) == (fp32, 1024, 12, 88)
+        assert norm_ops._held_plan(rms, 5, 16384, 4, cuda) == (fp32, 1024, 16, 5)  # fewer rows than the grid holds
+        assert norm_ops._held_plan(rms, 2, 1056 * 1024, 4, cuda) == (fp32, 1024, 1056, 1)  # the longest row held
+        assert norm_ops._held_plan(rms, 2, 1056 * 1024 + 1, 4, cuda) is None  # longer: two sweeps
+        assert norm_ops._held_plan(rms, 4096, 32768, 8, cuda) is None  # float64
+        assert norm_ops._held_plan(ln, 4096, 32768, 2, cuda) is None  # layer norm has no held kernel
+        assert norm_ops._held_plan(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
+    finally:
+        ops._device.resident_programs_per_sm.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rms_norm_held_rows_on_the_gpu(launched, monkeypatch, dtype):
+    """Rows held across programs on the GPU: rows not cut evenly by segments, rows not cut evenly by
+    rounds, against float64; and a run in which no program waits (each computes its rows' partials
+    itself) gives the same bits as the run in which they read each other's words."""
+    x = 3 + 2 * torch.randn(1000, 20001, device="cuda", dtype=dtype)
+    grad = torch.randn_like(x)
+    weight = 1 + 0.5 * torch.randn(20001, device="cuda", dtype=dtype)
+    dx, dw = torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True)
+    assert [name for name, _ in launched] == ["rms_norm_backward_held_kernel", "column_sum_kernel"]
+    x64, w64 = leaf64(x), leaf64(weight)
+    F.rms_norm(x64, (20001,), w64, 1e-6).backward(grad.double())
+    assert_close(dx, x64.grad, dtype)
+    assert_close(dw, w64.grad, dtype)
+    monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 0)
+    alone = torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True)
+    assert torch.equal(alone[0], dx) and torch.equal(alone[1], dw)
 
 
 @pytest.mark.parametrize("widest", [2, 4, 8])
