@@ -621,10 +621,10 @@ _NARROWER_BACKWARD_TILES = {(2, 2048): 4096}  # (widest element's bytes, BLOCK_N
 # program holds SEGMENT columns of x and dy, twice (this row's and the next's),
 # and of the dw accumulator, on `warps` warps at most `registers` registers a
 # thread, `programs_per_sm` an SM.  H100, rms_norm backward, % of a copy of the
-# same bytes at 8192x12288 / 4096x32768 / 256x262144, two sweeps -> held:
-# bf16 59 / 59 / 51 -> 72 / 73 / 63, float32 59 / 59 / 57 -> 79 / 78 / 69
-# (other setups, w held in registers, no round ahead: docs/perf-notes.md,
-# version 30).  Layer norm's partial takes two words and its segments more
+# same bytes at 8192x12288 / 4096x32768 / 1024x65536 / 256x262144, two sweeps
+# -> held: bf16 59 / 59 / 51 / 51 -> 80 / 79 / 76 / 71, float32 59 / 59 / 56 /
+# 57 -> 87 / 88 / 83 / 75 (other setups, w held in registers, no round ahead:
+# docs/perf-notes.md, version 30).  Layer norm's partial takes two words and its segments more
 # registers; held, it lost to its two sweeps (14-51 against 45-59).  The
 # interpreter runs one program after another: off on CPU, except in tests,
 # which then take the path that computes the partials itself, over
