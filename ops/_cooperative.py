@@ -32,6 +32,8 @@ sees another's partial: on CPU the kernels run with max_spins = 0 and always
 take that path.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -123,8 +125,9 @@ def row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: tl.constexp
 # --------------------------------------------------------------------------
 
 
+@functools.cache
 def register_capped(kernel, warps: int, registers: int):
-    """`kernel` launched with `warps` warps and at most `registers` registers a thread.
+    """`kernel` launched with `warps` warps and at most `registers` registers a thread (made once).
 
     A one-config autotune, because only a config carries the register cap
     (maxnreg) through torch.compile, where a launch argument would not:

@@ -69,7 +69,7 @@ def _as_float32(x, cols, n_cols):
 @gluon.jit
 def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
     """The row's partial words once all are published (see ops/_cooperative.py's poll).  SEGMENTS_BLOCK
-    is at least the program's threads, so `layout` gives each word one copy (see _words_block)."""
+    is at least the program's threads, so `layout` gives each word one copy (see its words_block)."""
     segments = gl.arange(0, SEGMENTS_BLOCK, layout=layout)
     return _poll_words(words_ptr + row.to(gl.int64) * n_segments + segments, segments < n_segments, max_spins)
 

@@ -641,7 +641,6 @@ _HELD_ROWS = {"cuda": True, "cpu": False}
 _HELD_BACKWARD = {2: HeldRows(2048, 4, 96, 5), 4: HeldRows(1024, 2, 128, 8)}
 _CPU_HELD_SEGMENT = 32
 _MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's words before computing its partials here
-_CAPPED = {}  # (kernel, warps, registers): the kernel with that launch config (see register_capped)
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
 _COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
@@ -743,8 +742,8 @@ def normalize_backward(
     flags = {"HAS_WEIGHT": weight is not None, "WEIGHT_GRAD": weight_grad, "BIAS_GRAD": bias_grad}
     flags["COL_MULTIPLE"] = col_multiple
 
+    widest = max(x.element_size(), grad.element_size())  # picks the tiles, or the held setup
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
-        widest = max(x.element_size(), grad.element_size())
         block_m, block_n, warps = _backward_tile(n_rows, n_cols, kind, widest)
         n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device, _SHORT_ROW_PROGRAMS_PER_SM)
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
@@ -753,13 +752,14 @@ def normalize_backward(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
             **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead, num_warps=warps,
         )  # fmt: skip
-    elif (held := _held_plan(kernels, n_rows, n_cols, max(x.element_size(), grad.element_size()), x.device)):
+    elif (held := _held_plan(kernels, n_rows, n_cols, widest, x.device)):
         setup, segment, n_segments, rows_at_once = held
         dw_partial, db_partial = _partials(rows_at_once, n_cols, x, dx, weight_grad, bias_grad)
         words = unpublished_words(x, n_rows, n_segments)
+        kernel = register_capped(kernels.backward_held, setup.warps, setup.registers)
         _launch(
-            _capped(kernels.backward_held, setup), (rows_at_once * n_segments,), grad, x, w, dx, dw_partial,
-            db_partial, words, n_rows, n_cols, eps, n_segments, rows_at_once, _MAX_SPINS[kind], **flags,
+            kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
+            n_segments, rows_at_once, _MAX_SPINS[kind], **flags,
             SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments),
         )  # fmt: skip
     else:
@@ -800,14 +800,6 @@ def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, widest: int, devi
         programs, segment = _CPU_PROGRAMS, _CPU_HELD_SEGMENT
     found = plan(n_rows, cdiv(n_cols, segment), programs)
     return None if found is None else (setup, segment, *found)
-
-
-def _capped(kernel, setup: HeldRows):
-    """`kernel` with `setup`'s warps and register cap, made once."""
-    key = (kernel, setup.warps, setup.registers)
-    if key not in _CAPPED:
-        _CAPPED[key] = register_capped(kernel, setup.warps, setup.registers)
-    return _CAPPED[key]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -821,10 +821,6 @@ def _scratch_partials(like: torch.Tensor, n_rows: int, n_segments: int, count: i
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
 
 
-def _words_block(setup: _Cooperative, n_segments: int) -> int:
-    return words_block(setup.warps, n_segments)
-
-
 def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags):
     like = tensors[-1]
     n_rows, kind = like.numel() // n_cols, _kind(like.device)
@@ -833,7 +829,7 @@ def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags)
         flags["LOAD_NEXT"] = _next_load(n_segments)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
         *tensors, unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
-        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=_words_block(setup, n_segments), **flags,
+        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=words_block(setup.warps, n_segments), **flags,
     )
 
 
@@ -866,7 +862,7 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     n_segments, rows_at_once = plan
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
-        SEGMENT=setup.segment, SEGMENTS_BLOCK=_words_block(setup, n_segments), STAGES=setup.stages,
+        SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), STAGES=setup.stages,
         VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers,
     )
 

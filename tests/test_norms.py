@@ -587,12 +587,11 @@ def _held_twice(x, grad, weight):
         ops.rms_norm.RMS_NORM_KERNELS, n_rows, n_cols, x.element_size(), x.device
     )
     words = ops._cooperative.unpublished_words(x, n_rows, n_segments)
+    kernel = ops._cooperative.register_capped(ops.rms_norm.rms_norm_backward_held_kernel, setup.warps, setup.registers)
     results = []
     for max_spins in (0, 1):
         dx, dw_partial = torch.full_like(x, float("nan")), torch.full((rows_at_once, n_cols), float("nan"))
-        norm_ops.launcher(norm_ops._capped(ops.rms_norm.rms_norm_backward_held_kernel, setup), x)[
-            (rows_at_once * n_segments,)
-        ](
+        norm_ops.launcher(kernel, x)[(rows_at_once * n_segments,)](
             grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
             HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
             SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1,

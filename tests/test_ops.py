@@ -16,7 +16,7 @@ from ops import matmul as matmul_ops
 from ops import softmax as softmax_ops
 from ops._alignment import column_multiple
 from ops import _cooperative as cooperative
-from ops._cooperative import UNPUBLISHED, unpublished_words
+from ops._cooperative import UNPUBLISHED, unpublished_words, words_block
 
 
 def pick(device, cpu, cuda):
@@ -517,7 +517,7 @@ def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
         tensors[-1].fill_(float("nan"))
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
             *tensors, words, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=softmax_ops._words_block(setup, n_segments), **flags,
+            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), **flags,
         )
         outputs.append(tensors[-1].clone())
         published = words.clone() if published is None else published
@@ -620,7 +620,7 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert resident_programs_per_sm(0, 8, 64, 32768) == 4  # registers bind: 65536 // (64 * 256)
         assert resident_programs_per_sm(0, 8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
         # A row's words: one copy a thread at least (8 warps: 256 lanes), a power of two.
-        assert [softmax_ops._words_block(bf16, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
+        assert [words_block(bf16.warps, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
         if softmax_ops._STAGED_FORWARD:  # the Gluon forward, 16-bit only: 4 an SM
             assert set(softmax_ops._STAGED_FORWARD) == {2}
             assert softmax_ops._cooperative_plan(softmax_ops._STAGED_FORWARD[2], 1024, 65536, cuda) == (8, 64)  # 528
@@ -759,7 +759,7 @@ def test_softmax_staged_forward_compiles_for_hopper():
         kernel = setup.kernel
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr="*bf16", y_ptr=f"*{y_dtype}", words_ptr="*i64")
-        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8),
+        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
                          STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8)  # fmt: skip
         signature.update({name: "constexpr" for name in constants})
         aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
@@ -790,7 +790,7 @@ def test_softmax_cooperative_kernels_publish_without_release(direction, element_
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update({name: "*bf16" if element_size == 2 else "*fp32" for name in pointers}, words_ptr="*i64")
-    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=softmax_ops._words_block(setup, 8))
+    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8))
     if not setup.lagged:
         constants["LOAD_NEXT"] = "during_wait"
     if direction == "backward":
