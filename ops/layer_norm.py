@@ -35,14 +35,15 @@ Forward, two designs, by row length:
 Backward, two designs, by row length:
 
 * short rows: a fixed number of programs (one an SM, see
-  _SHORT_ROW_PROGRAMS_PER_SM), each looping over row tiles, the next
+  _backward_tile for the exceptions), each looping over row tiles, the next
   tile's loads in flight during this one's math.  A program loads a
   tile of x and dy once, recomputes mean and rstd, writes dx, and adds
   dy * xhat (and dy) to dw/db accumulators held in registers for its whole
   run.  At the end it writes them as its own row of a (n_programs, N)
-  scratch; a second kernel sums the scratch's columns.  No atomics: each
-  scratch row has one writer, the result is the same bits on every run,
-  and the column sum reads a few hundred partial rows, little next to x.
+  scratch; a second kernel sums the scratch's columns (dw's and db's in one
+  launch).  No atomics: each scratch row has one writer, the result is the
+  same bits on every run, and the column sum reads a few hundred partial
+  rows, little next to x.
 * long rows: neither a row nor its dw accumulator fits in registers.  A
   first kernel sweeps each row once for mean, rstd, mean(g) and
   mean(g * xhat) (merged chunk by chunk as above, the last through the
@@ -466,15 +467,23 @@ def columns_backward(
 
 @triton.jit
 def column_sum_kernel(
-    partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr
-):
-    """out[c] = sum over p of partial[p, c]: the second stage of the dw/db reduction.
-    Each program owns BLOCK_N columns and walks down the partial rows."""
+    first_partial_ptr, second_partial_ptr, first_out_ptr, second_out_ptr, n_partials, n_cols,
+    TWO_SUMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """The second stage of the dw/db reduction, both gradients in one launch: program (c, s)
+    sums the columns c * BLOCK_N, ... of the first (n_partials, n_cols) scratch into the
+    first output (s = 0), or of the second into the second (s = 1), walking down the
+    partial rows BLOCK_P at a time.  Without TWO_SUMS the second pair is not touched."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    partial_ptr, out_ptr = first_partial_ptr, first_out_ptr
+    if TWO_SUMS:
+        first = tl.program_id(1) == 0
+        partial_ptr = tl.where(first, first_partial_ptr, second_partial_ptr)
+        out_ptr = tl.where(first, first_out_ptr, second_out_ptr)  # dw and db: one dtype
     cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _zeros_2d(partial_ptr, BLOCK_P, BLOCK_N)
-    for first in range(0, n_partials, BLOCK_P):
-        parts = first + tl.arange(0, BLOCK_P)
+    for start in range(0, n_partials, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
         mask = (parts[:, None] < n_partials) & (cols[None, :] < n_cols)
         acc += tl.load(partial_ptr + parts[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
@@ -606,15 +615,20 @@ _PROGRAMS_PER_SM = 2  # CUDA, the long-row design's (row group, chunk) programs
 #   16384x4096 / 8192x8192: 73 / 61 / 70 / 67 / 75 / 60 / 76 / 86 -> 85 / 69 / 78 /
 #   77 / 87 / 78 / 91 / 90.  Float32 tiles of 4096 at 16 a thread (8 warps, 160-188
 #   registers) lost 1-23 points.
-# 16-bit rows of a 2048-column block are the exception, measured and not understood:
-# 4 rows a tile on 16 warps ran at 50-63%, 2 rows on 8 warps (16 a thread) at 63-78,
-# against 61-76 for the version-27 tile (8192x2048 / 16384x2048 / 32768x2048 / 32768x1536).
-# (docs/perf-notes.md, versions 27 and 28.)
+# 16-bit rows of a 2048-column block are the exception: 4 rows a tile on 16 warps ran at
+# 50-63%, 2 rows on 8 warps at 63-78 one an SM (versions 27 and 28), and **two an SM** at 86-93
+# (version 31: bf16 16384x2048 rms 81 -> 92, layer norm 75 -> 86).
+# An input of fewer tiles than programs (a small one) leaves SMs idle and each program's one
+# tile unhidden: its tiles are halved, down to _MIN_BACKWARD_TILE_BYTES.  Version 31, bf16
+# 1024x1024, CUDA-graph time: rms 12.4 -> 8.2 µs (eager 9.4), layer norm 19.5 -> 12.8.
+# (docs/perf-notes.md, versions 27, 28 and 31.)
 _SHORT_ROW_PROGRAMS_PER_SM = 1
 _LOAD_AHEAD_BYTES = 16384
 _BACKWARD_TILE_BYTES = 16384
+_MIN_BACKWARD_TILE_BYTES = 8192
 _BACKWARD_THREAD_BYTES = 32
-_NARROWER_BACKWARD_TILES = {(2, 2048): 4096}  # (widest element's bytes, BLOCK_N): tile elements
+# (widest element's bytes, BLOCK_N): (tile elements, programs an SM), where the rule's setup measured worse
+_BACKWARD_EXCEPTIONS = {(2, 2048): (4096, 2)}
 # Backward rows past _MAX_BLOCK_BACKWARD held on chip across programs, for an
 # op that has that kernel (RMS norm: rms_norm_backward_held_kernel), keyed by
 # the widest input's element size; float64 keeps the two-sweep design.  A
@@ -643,7 +657,9 @@ _CPU_HELD_SEGMENT = 32
 _MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's words before computing its partials here
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
 _MIN_ROWS_PER_PROGRAM = 8  # keeps the scratch (rows of N float32) small next to x
-_COLUMN_SUM_BLOCK = {"cuda": (64, 32), "cpu": (64, 1 << 12)}  # (BLOCK_P, BLOCK_N) of column_sum_kernel
+# (BLOCK_P, BLOCK_N) of column_sum_kernel.  H100, µs for 132 / 264 partial rows of 1024 columns:
+# (64, 32) 2.6 / 3.4, (256, 8) 2.2 / 2.4; of 4096 columns 3.6 / 6.5 against 3.0 / 4.6 (version 31).
+_COLUMN_SUM_BLOCK = {"cuda": (256, 8), "cpu": (64, 1 << 12)}
 
 
 def _register_limit(limits: dict, kind: str, dtype: torch.dtype) -> int:
@@ -666,15 +682,20 @@ def _row_tile(n_rows, n_cols: int, kind: str, dtype: torch.dtype = torch.float32
     return rows_in_tile(n_rows, block_n, tile), block_n
 
 
-def _backward_tile(n_rows, n_cols: int, kind: str, widest: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the short-row backward, whose widest input has
-    elements of `widest` bytes: about _BACKWARD_TILE_BYTES of it, _BACKWARD_THREAD_BYTES a thread."""
+def _backward_tile(n_rows, n_cols: int, kind: str, widest: int, sms: int = 0) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs an SM) of the short-row backward, whose widest input
+    has elements of `widest` bytes: about _BACKWARD_TILE_BYTES of it, _BACKWARD_THREAD_BYTES a
+    thread, _SHORT_ROW_PROGRAMS_PER_SM, but for _BACKWARD_EXCEPTIONS; halved while the tiles are
+    fewer than the programs `sms` SMs run."""
     if kind != "cuda":
-        return (*_row_tile(n_rows, n_cols, kind), 1)
+        return (*_row_tile(n_rows, n_cols, kind), 1, _SHORT_ROW_PROGRAMS_PER_SM)
     block_n = next_power_of_2(n_cols)
-    tile = _NARROWER_BACKWARD_TILES.get((widest, block_n), _BACKWARD_TILE_BYTES // widest)
+    rule = (_BACKWARD_TILE_BYTES // widest, _SHORT_ROW_PROGRAMS_PER_SM)
+    tile, per_sm = _BACKWARD_EXCEPTIONS.get((widest, block_n), rule)
     block_m = rows_in_tile(n_rows, block_n, tile)
-    return block_m, block_n, warps_for(block_m * block_n, per_thread=_BACKWARD_THREAD_BYTES // widest)
+    while block_m > 1 and block_m * block_n * widest > _MIN_BACKWARD_TILE_BYTES and cdiv(n_rows, block_m) < sms * per_sm:
+        block_m //= 2
+    return block_m, block_n, warps_for(block_m * block_n, per_thread=_BACKWARD_THREAD_BYTES // widest), per_sm
 
 
 def _backward_programs(work_items, n_rows, device: torch.device, per_sm: int = _PROGRAMS_PER_SM) -> int:
@@ -744,8 +765,9 @@ def normalize_backward(
 
     widest = max(x.element_size(), grad.element_size())  # picks the tiles, or the held setup
     if _fits_a_block(n_cols, _MAX_BLOCK_BACKWARD, x):
-        block_m, block_n, warps = _backward_tile(n_rows, n_cols, kind, widest)
-        n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device, _SHORT_ROW_PROGRAMS_PER_SM)
+        sms = _sm_count(x.device.index) if kind == "cuda" else 0
+        block_m, block_n, warps, per_sm = _backward_tile(n_rows, n_cols, kind, widest, sms)
+        n_programs = _backward_programs(cdiv(n_rows, block_m), n_rows, x.device, per_sm)
         dw_partial, db_partial = _partials(n_programs, n_cols, x, dx, weight_grad, bias_grad)
         load_ahead = block_m * block_n * widest <= _LOAD_AHEAD_BYTES
         _launch(
@@ -778,10 +800,7 @@ def normalize_backward(
             kernels.backward_columns, (n_groups, n_chunks), grad, x, w, stats, dx, dw_partial, db_partial,
             n_rows, n_cols, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk, per_thread=8),
         )  # fmt: skip
-    if weight_grad:
-        _column_sum(dw_partial, dw, n_cols, col_multiple)
-    if bias_grad:
-        _column_sum(db_partial, db, n_cols, col_multiple)
+    _column_sums([(p, t) for p, t in ((dw_partial, dw), (db_partial, db)) if t is not None], n_cols, col_multiple)
     return dx, dw, db
 
 
@@ -816,12 +835,21 @@ def _partials(n_programs: int, n_cols: int, x, dx, weight_grad: bool, bias_grad:
     return scratch(weight_grad), scratch(bias_grad)
 
 
-def _column_sum(partial: torch.Tensor, out: torch.Tensor, n_cols: int, col_multiple: int) -> None:
-    block_p, block_n = _COLUMN_SUM_BLOCK[_kind(out.device)]
+def _column_sums(sums: list, n_cols: int, col_multiple: int) -> None:
+    """For each (partial, out) of `sums` (one or two), out = the column sums of partial, in one launch.
+
+    With one, the kernel gets it in both slots and TWO_SUMS off, so that it stores to one
+    pointer only: under torch.compile a tensor passed to two pointers that a kernel may
+    store to is cloned for each, and only one clone's writes are kept."""
+    if not sums:
+        return
+    (first_partial, first_out), (second_partial, second_out) = sums[0], sums[-1]
+    block_p, block_n = _COLUMN_SUM_BLOCK[_kind(first_out.device)]
     block_n = min(block_n, next_power_of_2(n_cols))
     _launch(
-        column_sum_kernel, (cdiv(n_cols, block_n),), partial, out, partial.shape[0], n_cols,
-        BLOCK_P=block_p, BLOCK_N=block_n, COL_MULTIPLE=col_multiple, num_warps=4,
+        column_sum_kernel, (cdiv(n_cols, block_n), len(sums)), first_partial, second_partial, first_out, second_out,
+        first_partial.shape[0], n_cols, TWO_SUMS=len(sums) == 2, BLOCK_P=block_p, BLOCK_N=block_n,
+        COL_MULTIPLE=col_multiple, num_warps=4,
     )  # fmt: skip
 
 
@@ -984,7 +1012,7 @@ def _liger_layer_norm():
 # cuda: from launch-bound (2 MB in bfloat16) to hundreds of MB; (16384, 8192)
 # and (4096, 32768) move the same bytes through the short- and long-row designs.
 NORM_SHAPES = {
-    "cuda": [(1024, 1024), (65536, 256), (4096, 4096), (16384, 4096), (8192, 8192), (16384, 8192), (4096, 32768)],
+    "cuda": [(1024, 1024), (65536, 256), (16384, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (16384, 8192), (4096, 32768)],
     "cpu": [(64, 1000), (4, 70_001)],
 }
 NORM_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}

@@ -370,13 +370,13 @@ def test_designs_match_float64(small_blocks, launched, dtype, case):
         assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
         check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
         names = [name for name, _ in launched]
-        # the forward twice (the value, then under autograd), the backward, a column sum per parameter
+        # the forward twice (the value, then under autograd), the backward, one column sum for dw (and db)
         forward_kernel, *backward_kernels = kernel_names(prefix, forward, backward)
-        column_sums = ["column_sum_kernel"] * (1 if prefix == "rms_norm" else 2)
-        assert names == [forward_kernel, forward_kernel, *backward_kernels, *column_sums], names
+        assert names == [forward_kernel, forward_kernel, *backward_kernels, "column_sum_kernel"], names
         grids = dict(launched)
         assert grids[forward_kernel] == forward_grid
         assert grids[backward_kernels[-1]] == backward_grid
+        assert grids["column_sum_kernel"][1] == (1 if prefix == "rms_norm" else 2)  # a block per parameter
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -664,24 +664,34 @@ def test_rms_norm_held_rows_on_the_gpu(launched, monkeypatch, dtype):
     assert torch.equal(alone[0], dx) and torch.equal(alone[1], dw)
 
 
+@pytest.mark.parametrize("sms", [0, 132])
 @pytest.mark.parametrize("widest", [2, 4, 8])
-def test_the_short_row_backward_tile_rule(widest):
-    """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread; the 2048-column
-    16-bit exception takes half that.  A tile of at most _LOAD_AHEAD_BYTES loads ahead."""
-    for n_rows in [1, 3, 100, 1 << 20]:
+def test_the_short_row_backward_tile_rule(widest, sms):
+    """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
+    SM; the 2048-column 16-bit exception takes half that, two an SM.  With fewer tiles than programs
+    the tile is halved, not below 8 KB.  A tile of at most _LOAD_AHEAD_BYTES loads ahead."""
+    for n_rows in [1, 3, 100, 1000, 1 << 20]:
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
-            block_m, block_n, warps = norm_ops._backward_tile(n_rows, n_cols, "cuda", widest)
+            block_m, block_n, warps, per_sm = norm_ops._backward_tile(n_rows, n_cols, "cuda", widest, sms)
             assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
-            tile_bytes = 8192 if (widest, block_n) == (2, 2048) else 16384
+            exception = (widest, block_n) == (2, 2048)
+            tile_bytes = 8192 if exception else 16384
+            assert per_sm == (2 if exception else 1)
             assert block_m == 1 or block_m * block_n * widest <= tile_bytes
             assert block_m < 2 * n_rows  # no tile of padding rows only
-            if n_rows == 1 << 20:
-                assert block_m * block_n * widest == max(tile_bytes, block_n * widest)
+            rule = max(1, min(tile_bytes // (block_n * widest), 1 << (n_rows - 1).bit_length()))
+            tiles = -(-n_rows // block_m)
+            if block_m < rule:  # halved: there were fewer tiles than programs, and not below 8 KB
+                assert -(-n_rows // (2 * block_m)) < sms * per_sm and block_m * block_n * widest >= 8192
+            if block_m > 1 and block_m * block_n * widest > 8192:
+                assert tiles >= sms * per_sm  # not halved: enough tiles
             assert warps == min(max(block_m * block_n * widest // (32 * 32), 1), 32)
-    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 2) == (2, 4096, 16)
-    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 4) == (1, 4096, 16)
-    assert norm_ops._backward_tile(1 << 20, 2048, "cuda", 2) == (2, 2048, 8)
-    assert norm_ops._backward_tile(1 << 20, 8192, "cuda", 4) == (1, 8192, 32)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 2, 132) == (2, 4096, 16, 1)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 4, 132) == (1, 4096, 16, 1)
+    assert norm_ops._backward_tile(1 << 20, 2048, "cuda", 2, 132) == (2, 2048, 8, 2)
+    assert norm_ops._backward_tile(1 << 20, 8192, "cuda", 4, 132) == (1, 8192, 32, 1)
+    assert norm_ops._backward_tile(1024, 1024, "cuda", 2, 132) == (4, 1024, 8, 1)  # 128 tiles of 8 rows: halved
+    assert norm_ops._backward_tile(1024, 1024, "cuda", 4, 132) == (4, 1024, 16, 1)  # 256 tiles of 4 rows
 
 
 # ------------------------------------------------------------ PyTorch side
