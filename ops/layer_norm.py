@@ -51,8 +51,8 @@ Backward, two designs, by row length:
   grid, writes dx for its chunk of each row of its group and accumulates
   that chunk of dw/db in registers into the scratch; then the same column
   sum.  x and dy are read twice, the price of rows longer than a block.
-  On CUDA, RMS norm's rows are instead held on chip across programs (see
-  rms_norm_backward_held_kernel and _HELD_BACKWARD): read once.
+  On CUDA the rows are instead held on chip across programs, where a setup
+  takes them (see HeldRows): read once.
 
 Saved statistics or recomputed ones: recomputed.  The backward reads every
 row of x and dy anyway, and mean and rstd come out of the very pass that
@@ -74,7 +74,18 @@ import triton
 import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
-from ._cooperative import plan, programs_at_once, register_capped, unpublished_words, words_block
+from ._cooperative import (
+    pack,
+    plan,
+    poll,
+    program_segment,
+    programs_at_once,
+    publish,
+    register_capped,
+    unpack,
+    unpublished_words,
+    words_block,
+)
 from ._device import kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
 from ._registry import (
@@ -490,6 +501,136 @@ def column_sum_kernel(
 
 
 # --------------------------------------------------------------------------
+# Backward rows past a block, held on chip across programs (CUDA; the protocol:
+# ops/_cooperative.py).  A program keeps one segment of x and dy of a row in
+# registers, and the dw (and db) accumulator of its segment's columns over all
+# the rows it takes.  RMS norm's kernel is in ops/rms_norm.py.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
+    """The row's columns `cols` of x and dy as stored (0 where masked, and past the last row)."""
+    end = tl.where(row < n_rows, n_cols, 0)
+    offsets = row * n_cols + cols
+    return tl.load(x_ptr + offsets, mask=cols < end, other=0.0), tl.load(dy_ptr + offsets, mask=cols < end, other=0.0)
+
+
+@triton.jit
+def _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
+    """g = dy * w, in the compute dtype.  w is loaded at each use (from L1 after the
+    first): held in registers for the program's whole run, it cost more than the loads."""
+    g = _widen(dy_stored)
+    if HAS_WEIGHT:
+        g = g * _load(w_ptr + cols, cols < n_cols)
+    return g
+
+
+@triton.jit
+def _segment_moments(x_stored, dy_stored, w_ptr, segment, cols, n_cols, SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """A segment's partial: (mean x, M2 of x) and (mean g, sum((x - mean x) * g)), each a word."""
+    count = tl.minimum(n_cols - segment * SEGMENT, SEGMENT).to(tl.float32)
+    x = _widen(x_stored)
+    g = _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT)
+    return _chunk_comoments(x, g, cols < n_cols, count)
+
+
+@triton.jit
+def _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                     SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of x and dy, publish its two words (nothing past the last row); x and dy as stored."""
+    x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+    if row < n_rows:
+        mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
+        base = row * (2 * n_segments)
+        publish(words_ptr, base + segment, pack(mean_x, m2))
+        publish(words_ptr, base + n_segments + segment, pack(mean_g, c))
+    return x, dy
+
+
+@triton.jit
+def _segments_moments_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments, HAS_WEIGHT: tl.constexpr,
+                           SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+    """Every segment's moments of a row, computed by this program: the same code on the
+    same data as the programs that own them, so the same bits."""
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    means_x = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
+    m2s = means_x
+    means_g = means_x
+    cs = means_x
+    for segment in range(0, n_segments):
+        cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+        x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+        mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
+        here = segments == segment
+        means_x = tl.where(here, mean_x, means_x)
+        m2s = tl.where(here, m2, m2s)
+        means_g = tl.where(here, mean_g, means_g)
+        cs = tl.where(here, c, cs)
+    return means_x, m2s, means_g, cs
+
+
+@triton.jit
+def layer_norm_backward_held_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, words_ptr, n_rows, n_cols, eps,
+    n_segments, rows_at_once, max_spins,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Layer norm's long rows held on chip across programs, as RMS norm's
+    (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
+    M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments as
+    _merge_comoments merges chunks, so a row whose mean is far from 0 loses nothing
+    to cancellation.  Words of row r: r * 2 * n_segments + segment, then + n_segments."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    segment, cols, first_row = program_segment(n_segments, SEGMENT)
+    mask = cols < n_cols
+    segments = tl.arange(0, SEGMENTS_BLOCK)
+    inside = segments < n_segments
+    counts = tl.where(inside, tl.minimum(n_cols - segments * SEGMENT, SEGMENT), 0).to(tl.float32)
+    dw_acc = _zeros_1d(x_ptr, SEGMENT)
+    db_acc = _zeros_1d(x_ptr, SEGMENT)
+    x_stored, dy_stored = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
+                                           n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+    for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
+        row = first_row + round * rows_at_once
+        x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
+                                           n_cols, n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+        base = words_ptr + row * (2 * n_segments)
+        words_x, x_published = poll(base + segments, inside, max_spins)
+        words_g, g_published = poll(base + n_segments + segments, inside, max_spins)
+        if x_published & g_published:
+            means_x, m2s = unpack(words_x)
+            means_g, cs = unpack(words_g)
+        else:
+            means_x, m2s, means_g, cs = _segments_moments_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments,
+                                                               HAS_WEIGHT, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
+            # Read this segment again rather than keep it in registers through that loop.
+            x_stored, dy_stored = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+        # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once).
+        mean = tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0) / n_cols
+        deltas = tl.where(inside, means_x - mean, 0.0)
+        m2 = tl.sum(tl.where(inside, m2s, 0.0) + counts * deltas * deltas, axis=0)
+        mean_g = tl.sum(tl.where(inside, counts * means_g, 0.0), axis=0) / n_cols
+        c = tl.sum(tl.where(inside, cs + counts * deltas * means_g, 0.0), axis=0)
+        rstd = _rstd(m2, n_cols, eps)
+        mean_g_xhat = rstd * c / n_cols
+        xhat = (_widen(x_stored) - mean) * rstd
+        g = _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT)
+        dx = (g - mean_g - xhat * mean_g_xhat) * rstd
+        tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, _widen(dy_stored) * xhat, 0.0)
+        if BIAS_GRAD:
+            db_acc += _widen(dy_stored)
+        x_stored, dy_stored = x_next, dy_next
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + first_row * n_cols + cols, dw_acc, mask=mask)
+    if BIAS_GRAD:
+        tl.store(db_partial_ptr + first_row * n_cols + cols, db_acc, mask=mask)
+
+
+# --------------------------------------------------------------------------
 # Layer norm's own kernels: the bodies above with CENTERED on.
 # --------------------------------------------------------------------------
 
@@ -550,6 +691,38 @@ def layer_norm_backward_columns_kernel(
     )  # fmt: skip
 
 
+# Backward rows past _MAX_BLOCK_BACKWARD held on chip across programs, for an
+# op that has that kernel, by the setups in its NormKernels (keyed by the widest
+# input's element size); float64, and rows no setup takes, keep the two-sweep
+# design.  A program holds `segment` columns of x and dy, twice (this row's and
+# the next's), and of its accumulators, on `warps` warps at most `registers`
+# registers a thread, `programs_per_sm` an SM, for rows of at most
+# `max_segments` segments (None: as many as the grid holds).  One warp a
+# program reduces and polls without a barrier: up to 128 segments a row it won
+# everywhere.  H100, % of a copy of the same bytes at 8192x12288 / 4096x32768
+# / 1024x65536 / 256x262144 (docs/perf-notes.md, versions 30 and 31):
+#   rms bf16: two sweeps 59 / 59 / 50 / 48; 2048 / 4 / 96 / 5: 79 / 79 / 73 / 64;
+#     512 / 1 / 96 / 20: 90 / 89 / 82 / 18 (a row of 512 segments waits on 512 programs).
+#   rms float32: 59 / 59 / 56 / 55; 1024 / 2 / 128 / 8: 87 / 86 / 82 / 71; 512 / 1 / 128 / 16:
+#     91 / 94 / 93 / 61.
+#   layer norm (two words a segment, two accumulators): two sweeps bf16 51 / 51 / 43 / 39,
+#     float32 59 / 59 / 52 / 49; 512 / 1 / 128 / 16: bf16 69 / 69 / 60 / 10, float32 88 / 83 /
+#     75 / 20; the setups of 2-8 warps 35-54 in bf16 (spills).  At 2000x20001, rows of no
+#     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
+#     layer norm holds only rows of a length that is a multiple of `col_multiple`.
+# The interpreter runs one program after another: off on CPU, except in
+# tests, which then take the path that computes the partials itself, over
+# _CPU_HELD_SEGMENT columns.
+@dataclass(frozen=True)
+class HeldRows:
+    segment: int
+    warps: int
+    registers: int
+    programs_per_sm: int
+    max_segments: Optional[int] = None
+    col_multiple: int = 1  # rows of a length that is a multiple of this (see ops/_alignment.py)
+
+
 @dataclass(frozen=True)
 class NormKernels:
     """One op's kernels, a design each (see the module docstring)."""
@@ -560,6 +733,8 @@ class NormKernels:
     backward_stats: object  # long rows, pass 1
     backward_columns: object  # long rows, pass 2
     backward_held: object = None  # long rows held on chip across programs (CUDA), where the op has it
+    held_setups: dict = None  # the widest input's element size -> HeldRows, the first that takes a row
+    held_words: int = 1  # words a segment publishes
 
 
 LAYER_NORM_KERNELS = NormKernels(
@@ -568,6 +743,9 @@ LAYER_NORM_KERNELS = NormKernels(
     backward=layer_norm_backward_kernel,
     backward_stats=layer_norm_backward_stats_kernel,
     backward_columns=layer_norm_backward_columns_kernel,
+    backward_held=layer_norm_backward_held_kernel,
+    held_setups={2: (HeldRows(512, 1, 128, 16, 128, 16),), 4: (HeldRows(512, 1, 128, 16, 128, 16),)},  # see HeldRows
+    held_words=2,
 )
 
 # --------------------------------------------------------------------------
@@ -629,30 +807,7 @@ _MIN_BACKWARD_TILE_BYTES = 8192
 _BACKWARD_THREAD_BYTES = 32
 # (widest element's bytes, BLOCK_N): (tile elements, programs an SM), where the rule's setup measured worse
 _BACKWARD_EXCEPTIONS = {(2, 2048): (4096, 2)}
-# Backward rows past _MAX_BLOCK_BACKWARD held on chip across programs, for an
-# op that has that kernel (RMS norm: rms_norm_backward_held_kernel), keyed by
-# the widest input's element size; float64 keeps the two-sweep design.  A
-# program holds SEGMENT columns of x and dy, twice (this row's and the next's),
-# and of the dw accumulator, on `warps` warps at most `registers` registers a
-# thread, `programs_per_sm` an SM.  H100, rms_norm backward, % of a copy of the
-# same bytes at 8192x12288 / 4096x32768 / 1024x65536 / 256x262144, two sweeps
-# -> held: bf16 59 / 59 / 51 / 51 -> 80 / 79 / 76 / 71, float32 59 / 59 / 56 /
-# 57 -> 87 / 88 / 83 / 75 (other setups, w held in registers, no round ahead:
-# docs/perf-notes.md, version 30).  Layer norm's partial takes two words and its segments more
-# registers; held, it lost to its two sweeps (14-51 against 45-59).  The
-# interpreter runs one program after another: off on CPU, except in tests,
-# which then take the path that computes the partials itself, over
-# _CPU_HELD_SEGMENT columns.
-@dataclass(frozen=True)
-class HeldRows:
-    segment: int
-    warps: int
-    registers: int
-    programs_per_sm: int
-
-
 _HELD_ROWS = {"cuda": True, "cpu": False}
-_HELD_BACKWARD = {2: HeldRows(2048, 4, 96, 5), 4: HeldRows(1024, 2, 128, 8)}
 _CPU_HELD_SEGMENT = 32
 _MAX_SPINS = {"cuda": 1 << 16, "cpu": 0}  # polls of a row's words before computing its partials here
 _CPU_PROGRAMS = 4  # the interpreter: few, as each costs Python time
@@ -777,7 +932,7 @@ def normalize_backward(
     elif (held := _held_plan(kernels, n_rows, n_cols, widest, x.device)):
         setup, segment, n_segments, rows_at_once = held
         dw_partial, db_partial = _partials(rows_at_once, n_cols, x, dx, weight_grad, bias_grad)
-        words = unpublished_words(x, n_rows, n_segments)
+        words = unpublished_words(x, n_rows, kernels.held_words * n_segments)
         kernel = register_capped(kernels.backward_held, setup.warps, setup.registers)
         _launch(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
@@ -807,16 +962,24 @@ def normalize_backward(
 def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, widest: int, device: torch.device):
     """(setup, segment, n_segments, rows_at_once) for backward rows held on chip across
     programs; None where they are not: an op without that kernel, off on this kind of
-    device, float64, or a row of more segments than the grid holds."""
+    device, float64, or a row no setup takes (more segments than its max_segments, a
+    length not a multiple of its col_multiple, or more segments than the grid holds)."""
     kind = _kind(device)
-    setup = _HELD_BACKWARD.get(widest)
-    if kernels.backward_held is None or setup is None or not _HELD_ROWS[kind]:
+    setups = (kernels.held_setups or {}).get(widest, ())
+    if kernels.backward_held is None or not setups or not _HELD_ROWS[kind]:
         return None
-    if kind == "cuda":
-        programs = programs_at_once(device, setup.warps, setup.registers, setup.programs_per_sm)
-        segment = setup.segment
+    if kind == "cpu":
+        setup, programs, segment = setups[0], _CPU_PROGRAMS, _CPU_HELD_SEGMENT
     else:
-        programs, segment = _CPU_PROGRAMS, _CPU_HELD_SEGMENT
+        takes = [
+            s for s in setups
+            if (s.max_segments is None or cdiv(n_cols, s.segment) <= s.max_segments)
+            and column_multiple(n_cols) % s.col_multiple == 0
+        ]  # fmt: skip
+        if not takes:
+            return None
+        setup, segment = takes[0], takes[0].segment
+        programs = programs_at_once(device, setup.warps, setup.registers, setup.programs_per_sm)
     found = plan(n_rows, cdiv(n_cols, segment), programs)
     return None if found is None else (setup, segment, *found)
 

@@ -47,6 +47,7 @@ from ._registry import (
 from .layer_norm import (  # the bodies both norms share, and layer norm's pieces the held kernel reuses
     NORM_SHAPES,
     NORM_TOLERANCE,
+    HeldRows,
     NormKernels,
     check_grad,
     check_param,
@@ -58,7 +59,9 @@ from .layer_norm import (  # the bodies both norms share, and layer norm's piece
     normalize_rows_backward,
     norm_dtype,
     row_statistics_backward,
+    _gradient_at_xhat,
     _load,
+    _load_segment,
     _rstd,
     _widen,
     _zeros_1d,
@@ -133,24 +136,6 @@ def rms_norm_backward_columns_kernel(
 # registers, and the dw accumulator of its segment's columns over all the rows
 # it takes.  A segment's partial is one word: (sum(x^2), sum(x * g)).
 # --------------------------------------------------------------------------
-
-
-@triton.jit
-def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
-    """The row's columns `cols` of x and dy as stored (0 where masked, and past the last row)."""
-    end = tl.where(row < n_rows, n_cols, 0)
-    offsets = row * n_cols + cols
-    return tl.load(x_ptr + offsets, mask=cols < end, other=0.0), tl.load(dy_ptr + offsets, mask=cols < end, other=0.0)
-
-
-@triton.jit
-def _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
-    """g = dy * w, in the compute dtype.  w is loaded at each use (from L1 after the
-    first): held in registers for the program's whole run, it cost more than the loads."""
-    g = _widen(dy_stored)
-    if HAS_WEIGHT:
-        g = g * _load(w_ptr + cols, cols < n_cols)
-    return g
 
 
 @triton.jit
@@ -238,6 +223,11 @@ RMS_NORM_KERNELS = NormKernels(
     backward_stats=rms_norm_backward_stats_kernel,
     backward_columns=rms_norm_backward_columns_kernel,
     backward_held=rms_norm_backward_held_kernel,
+    # See HeldRows (ops/layer_norm.py): one warp a program up to 128 segments a row, then wider programs.
+    held_setups={
+        2: (HeldRows(512, 1, 96, 20, 128), HeldRows(2048, 4, 96, 5)),
+        4: (HeldRows(512, 1, 128, 16, 128), HeldRows(1024, 2, 128, 8)),
+    },
 )
 
 

@@ -545,49 +545,68 @@ def test_the_design_rules(monkeypatch):
 
 @pytest.fixture
 def held_rows(small_blocks, monkeypatch):
-    """RMS norm's backward rows held across programs on CPU: each program computes its row's
+    """The backward rows held across programs on CPU: each program computes its row's
     partials itself there (the interpreter runs programs one after another), over 32-column segments."""
     monkeypatch.setitem(norm_ops._HELD_ROWS, "cpu", True)
 
 
+# op: (tk forward, PyTorch forward, its held kernel's name), each forward taking (x, weight, bias)
+HELD_OPS = {
+    "rms_norm": (
+        lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6),
+        lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+    ),
+    "layer_norm": (
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [x.shape[-1]], w, b, 1e-5),
+        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
+    ),
+}
+
+
+def _backward(op, grad, x, weight, bias):
+    """The op's backward op on its own: (dx, dweight[, dbias])."""
+    if op == "rms_norm":
+        return torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, weight is not None)
+    return torch.ops.tk.layer_norm_backward(grad, x, [x.shape[-1]], weight, 1e-5, weight is not None, bias is not None)
+
+
+@pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", DTYPES[:3])  # float64 keeps the two sweeps (see test_the_held_rows_rule)
 @pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
-def test_rms_norm_backward_held_rows_match_float64(held_rows, launched, dtype, shape):
+def test_norm_backward_held_rows_match_float64(held_rows, launched, op, dtype, shape):
     """Rows not cut evenly by segments (100 = 3 x 32 + 4; 33 = 32 + 1), rows not cut evenly by the
-    rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight and without, and a
-    float32 grad of a 16-bit x (an autocast result's): dx and dweight against float64."""
+    rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight (and bias) and without,
+    rows whose mean is far from 0 (layer norm merges its segments' moments, no cancellation), and a
+    float32 grad of a 16-bit x (an autocast result's): the gradients against float64."""
     n = shape[-1]
-    x = 3 + 2 * torch.randn(shape, dtype=dtype)
-    weight, _ = params(n, "cpu", dtype, bias=False)
-    for w in (weight, None):
+    tk_fn, torch_fn = HELD_OPS[op]
+    x = 100 + torch.randn(shape, dtype=dtype) if op == "layer_norm" else 3 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", dtype)
+    for w, b in ((weight, bias), (None, None)):
         launched.clear()
-        check_gradients(
-            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
-            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
-            [x.requires_grad_(), None if w is None else w.requires_grad_()],
-            dtype,
-        )
+        leaves = [x.requires_grad_(), None if w is None else w.requires_grad_(), None if b is None else b.requires_grad_()]
+        check_gradients(tk_fn, torch_fn, leaves, dtype)
         names = [name for name, _ in launched]
-        assert "rms_norm_backward_held_kernel" in names and "rms_norm_backward_stats_kernel" not in names, names
+        assert f"{op}_backward_held_kernel" in names and f"{op}_backward_stats_kernel" not in names, names
     grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
-    dx, dw = torch.ops.tk.rms_norm_backward(grad, x.detach(), weight, 1e-6, True)
-    x64, w64 = leaf64(x), leaf64(weight)
-    F.rms_norm(x64, (n,), w64, 1e-6).backward(grad.double())
-    assert dx.dtype == dtype and dw.dtype == dtype
-    assert_close(dx, x64.grad, dtype)
-    assert_close(dw, w64.grad, dtype)
+    bias = bias if op == "layer_norm" else None
+    tk_grads = _backward(op, grad, x.detach(), weight, bias)
+    leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
+    torch_fn(*leaves).backward(grad.double())
+    for got, leaf in zip(tk_grads, leaves):
+        assert got.dtype == dtype
+        assert_close(got, leaf.grad, dtype)
 
 
-def _held_twice(x, grad, weight):
-    """RMS norm's held backward launched twice over the same words: first no program waits (each
+def _held_twice(op, x, grad, weight):
+    """The op's held backward launched twice over the same words: first no program waits (each
     computes every partial of its rows and publishes its own), then each finds its rows' words
     published and combines those.  Both (dx, dw partials), and the words."""
     n_rows, n_cols = x.shape
-    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
-        ops.rms_norm.RMS_NORM_KERNELS, n_rows, n_cols, x.element_size(), x.device
-    )
-    words = ops._cooperative.unpublished_words(x, n_rows, n_segments)
-    kernel = ops._cooperative.register_capped(ops.rms_norm.rms_norm_backward_held_kernel, setup.warps, setup.registers)
+    kernels = ops.rms_norm.RMS_NORM_KERNELS if op == "rms_norm" else ops.layer_norm.LAYER_NORM_KERNELS
+    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(kernels, n_rows, n_cols, x.element_size(), x.device)
+    words = ops._cooperative.unpublished_words(x, n_rows, kernels.held_words * n_segments)
+    kernel = ops._cooperative.register_capped(kernels.backward_held, setup.warps, setup.registers)
     results = []
     for max_spins in (0, 1):
         dx, dw_partial = torch.full_like(x, float("nan")), torch.full((rows_at_once, n_cols), float("nan"))
@@ -600,68 +619,98 @@ def _held_twice(x, grad, weight):
     return results, words
 
 
+@pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_held_rows_published_partials_give_the_same_bits(held_rows, dtype):
+def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype):
     """The path a GPU takes when a row's programs all run at once (partials read from the words)
-    and the one it takes when they do not (computed here): the same bits.  Each word holds its
-    segment's (sum(x^2), sum(x * dy * w))."""
+    and the one it takes when they do not (computed here): the same bits.  RMS norm's word holds its
+    segment's (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g,
+    sum((x - mean x) * g)), g = dy * w."""
     x, grad = (3 + 2 * torch.randn(9, 100)).to(dtype), torch.randn(9, 100).to(dtype)
     weight = (1 + 0.5 * torch.randn(100)).to(dtype)
-    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(x, grad, weight)
+    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight)
     assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
     assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
     assert (words != ops._cooperative.UNPUBLISHED.value).all()
     halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)  # little-endian: lower half first
     x64, g64 = F.pad(x.double(), (0, 28)).view(9, 4, 32), F.pad(grad.double() * weight.double(), (0, 28)).view(9, 4, 32)
-    torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
-    dx64 = torch.ops.tk.rms_norm_backward(grad.double(), x.double(), weight.double(), 1e-6, False)[0]
-    assert_close(dx_read, dx64, dtype)
+    if op == "rms_norm":
+        torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
+    else:
+        counts = torch.tensor([32.0, 32.0, 32.0, 4.0], dtype=torch.float64)
+        means_x = x64.sum(-1) / counts
+        centered = torch.where(torch.arange(32) < counts[:, None], x64 - means_x[..., None], 0.0)
+        expected = [means_x, (centered * centered).sum(-1), g64.sum(-1) / counts, (centered * g64).sum(-1)]
+        got = [halves[:, :4, 1], halves[:, :4, 0], halves[:, 4:, 1], halves[:, 4:, 0]]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g.double(), e, rtol=1e-2, atol=1e-2)
+    reference = _backward(op, grad.double(), x.double(), weight.double(), None)[0]
+    assert_close(dx_read, reference, dtype)
 
 
 def test_the_held_rows_rule(monkeypatch):
-    """RMS norm's backward rows past a block held across programs on CUDA, in 16 and 32 bits, when a
-    row's segments fit in the grid; layer norm, float64 and the interpreter keep the two sweeps."""
+    """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
+    that takes a row (one warp a program up to 128 segments; RMS norm then wider programs, layer norm
+    two sweeps, and for rows of no 16-element multiple too) when its segments fit in the grid;
+    float64 and the interpreter keep the two sweeps."""
     h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
     monkeypatch.setattr(ops._cooperative, "sm_count", lambda index: 132)
     ops._device.resident_programs_per_sm.cache_clear()
     rms, ln, cuda = ops.rms_norm.RMS_NORM_KERNELS, ops.layer_norm.LAYER_NORM_KERNELS, torch.device("cuda", 0)
     try:
-        bf16, fp32 = norm_ops._HELD_BACKWARD[2], norm_ops._HELD_BACKWARD[4]
-        assert (bf16.segment, fp32.segment) == (2048, 1024)  # the numbers below follow
-        # 16-bit: 5 programs an SM (96 registers on 4 warps), 660: 41 rows of 16 segments at once, 100 rounds
-        assert norm_ops._held_plan(rms, 4096, 32768, 2, cuda) == (bf16, 2048, 16, 41)
-        # float32: 8 an SM (128 registers on 2 warps), 1056: 88 rows of 12 segments (the last of 1024), 94 rounds
-        assert norm_ops._held_plan(rms, 8192, 12288, 4, cuda) == (fp32, 1024, 12, 88)
-        assert norm_ops._held_plan(rms, 5, 16384, 4, cuda) == (fp32, 1024, 16, 5)  # fewer rows than the grid holds
-        assert norm_ops._held_plan(rms, 2, 1056 * 1024, 4, cuda) == (fp32, 1024, 1056, 1)  # the longest row held
-        assert norm_ops._held_plan(rms, 2, 1056 * 1024 + 1, 4, cuda) is None  # longer: two sweeps
+        (bf16, bf16_wide), (fp32, fp32_wide) = rms.held_setups[2], rms.held_setups[4]
+        assert (bf16.segment, bf16.max_segments, bf16_wide.segment) == (512, 128, 2048)  # the numbers below follow
+        assert (fp32.segment, fp32.max_segments, fp32_wide.segment) == (512, 128, 1024)
+        # 16-bit: 20 programs an SM (96 registers on 1 warp), 2640: 41 rows of 64 segments at once
+        assert norm_ops._held_plan(rms, 4096, 32768, 2, cuda) == (bf16, 512, 64, 41)
+        # 128 segments of 512 the last the one-warp setup takes; past that 2048 columns, 5 an SM
+        assert norm_ops._held_plan(rms, 1024, 65536, 2, cuda) == (bf16, 512, 128, 20)
+        assert norm_ops._held_plan(rms, 256, 65536 + 16, 2, cuda) == (bf16_wide, 2048, 33, 20)
+        # float32: 16 an SM (128 registers on 1 warp), 2112: 88 rows of 24 segments (the last of 512)
+        assert norm_ops._held_plan(rms, 8192, 12288, 4, cuda) == (fp32, 512, 24, 88)
+        assert norm_ops._held_plan(rms, 5, 16384, 4, cuda) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
+        # the longest row held: 8 an SM of 2 warps, 1056 segments of 1024; longer: two sweeps
+        assert norm_ops._held_plan(rms, 2, 1056 * 1024, 4, cuda) == (fp32_wide, 1024, 1056, 1)
+        assert norm_ops._held_plan(rms, 2, 1056 * 1024 + 1, 4, cuda) is None
         assert norm_ops._held_plan(rms, 4096, 32768, 8, cuda) is None  # float64
-        assert norm_ops._held_plan(ln, 4096, 32768, 2, cuda) is None  # layer norm has no held kernel
+        # layer norm: the one-warp setup up to 128 segments, then two sweeps
+        assert norm_ops._held_plan(ln, 4096, 32768, 2, cuda) == (ln.held_setups[2][0], 512, 64, 33)
+        assert norm_ops._held_plan(ln, 256, 65536 + 16, 2, cuda) is None
+        assert norm_ops._held_plan(ln, 2000, 20000, 4, cuda) == (ln.held_setups[4][0], 512, 40, 52)
+        assert norm_ops._held_plan(ln, 2000, 20008, 4, cuda) is None  # a row of no 16-element multiple
+        assert norm_ops._held_plan(rms, 2000, 20001, 4, cuda) == (fp32, 512, 40, 52)  # RMS norm holds any
         assert norm_ops._held_plan(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
     finally:
         ops._device.resident_programs_per_sm.cache_clear()
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_rms_norm_held_rows_on_the_gpu(launched, monkeypatch, dtype):
+def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments, rows not cut evenly by
-    rounds, against float64; and a run in which no program waits (each computes its rows' partials
-    itself) gives the same bits as the run in which they read each other's words."""
-    x = 3 + 2 * torch.randn(1000, 20001, device="cuda", dtype=dtype)
-    grad = torch.randn_like(x)
-    weight = 1 + 0.5 * torch.randn(20001, device="cuda", dtype=dtype)
-    dx, dw = torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True)
-    assert [name for name, _ in launched] == ["rms_norm_backward_held_kernel", "column_sum_kernel"]
-    x64, w64 = leaf64(x), leaf64(weight)
-    F.rms_norm(x64, (20001,), w64, 1e-6).backward(grad.double())
-    assert_close(dx, x64.grad, dtype)
-    assert_close(dw, w64.grad, dtype)
-    monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 0)
-    alone = torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True)
-    assert torch.equal(alone[0], dx) and torch.equal(alone[1], dw)
+    rounds, both setups of RMS norm, against float64; and a run in which no program waits (each
+    computes its rows' partials itself) gives the same bits as the run in which they read each
+    other's words."""
+    tk_fn, torch_fn = HELD_OPS[op]
+    for n_rows, n_cols in [(1000, 20001), (40, 70001)] if op == "rms_norm" else [(1000, 20000)]:
+        x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
+        grad = torch.randn_like(x)
+        weight, bias = params(n_cols, "cuda", dtype)
+        bias = bias if op == "layer_norm" else None
+        launched.clear()
+        grads = _backward(op, grad, x, weight, bias)
+        assert [name for name, _ in launched] == [f"{op}_backward_held_kernel", "column_sum_kernel"]
+        leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
+        torch_fn(*leaves).backward(grad.double())
+        for got, leaf in zip(grads, leaves):
+            assert_close(got, leaf.grad, dtype)
+        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 0)
+        alone = _backward(op, grad, x, weight, bias)
+        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 1 << 16)
+        assert all(torch.equal(a, b) for a, b in zip(alone, grads))
 
 
 @pytest.mark.parametrize("sms", [0, 132])
