@@ -700,7 +700,7 @@ def layer_norm_backward_columns_kernel(
 # `max_segments` segments (None: as many as the grid holds).  One warp a
 # program reduces and polls without a barrier: up to 128 segments a row it won
 # everywhere.  H100, % of a copy of the same bytes at 8192x12288 / 4096x32768
-# / 1024x65536 / 256x262144 (docs/perf-notes.md, versions 30 and 31):
+# / 1024x65536 / 256x262144 (docs/perf-notes.md, versions 30 and 32):
 #   rms bf16: two sweeps 59 / 59 / 50 / 48; 2048 / 4 / 96 / 5: 79 / 79 / 73 / 64;
 #     512 / 1 / 96 / 20: 90 / 89 / 82 / 18 (a row of 512 segments waits on 512 programs).
 #   rms float32: 59 / 59 / 56 / 55; 1024 / 2 / 128 / 8: 87 / 86 / 82 / 71; 512 / 1 / 128 / 16:
