@@ -929,7 +929,7 @@ def normalize_backward(
             kernels.backward, (n_programs,), grad, x, w, dx, dw_partial, db_partial, n_rows, n_cols, eps,
             **flags, BLOCK_M=block_m, BLOCK_N=block_n, LOAD_AHEAD=load_ahead, num_warps=warps,
         )  # fmt: skip
-    elif (held := _held_plan(kernels, n_rows, n_cols, widest, x.device)):
+    elif (held := _held_plan(kernels, n_rows, n_cols, col_multiple, widest, x.device)):
         setup, segment, n_segments, rows_at_once = held
         dw_partial, db_partial = _partials(rows_at_once, n_cols, x, dx, weight_grad, bias_grad)
         words = unpublished_words(x, n_rows, kernels.held_words * n_segments)
@@ -959,11 +959,12 @@ def normalize_backward(
     return dx, dw, db
 
 
-def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, widest: int, device: torch.device):
+def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, col_multiple: int, widest: int, device: torch.device):
     """(setup, segment, n_segments, rows_at_once) for backward rows held on chip across
     programs; None where they are not: an op without that kernel, off on this kind of
     device, float64, or a row no setup takes (more segments than its max_segments, a
-    length not a multiple of its col_multiple, or more segments than the grid holds)."""
+    row length whose column_multiple is not a multiple of the setup's col_multiple,
+    or more segments than the grid holds)."""
     kind = _kind(device)
     setups = (kernels.held_setups or {}).get(widest, ())
     if kernels.backward_held is None or not setups or not _HELD_ROWS[kind]:
@@ -971,14 +972,15 @@ def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, widest: int, devi
     if kind == "cpu":
         setup, programs, segment = setups[0], _CPU_PROGRAMS, _CPU_HELD_SEGMENT
     else:
-        takes = [
+        takes = (
             s for s in setups
             if (s.max_segments is None or cdiv(n_cols, s.segment) <= s.max_segments)
-            and column_multiple(n_cols) % s.col_multiple == 0
-        ]  # fmt: skip
-        if not takes:
+            and col_multiple % s.col_multiple == 0
+        )  # fmt: skip
+        setup = next(takes, None)
+        if setup is None:
             return None
-        setup, segment = takes[0], takes[0].segment
+        segment = setup.segment
         programs = programs_at_once(device, setup.warps, setup.registers, setup.programs_per_sm)
     found = plan(n_rows, cdiv(n_cols, segment), programs)
     return None if found is None else (setup, segment, *found)

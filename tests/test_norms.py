@@ -20,6 +20,7 @@ from reference import (
 )
 
 import ops
+from ops._alignment import column_multiple
 from ops import layer_norm as norm_ops  # the module with the design constants both ops share
 from ops.rms_norm import default_eps
 
@@ -604,7 +605,9 @@ def _held_twice(op, x, grad, weight):
     published and combines those.  Both (dx, dw partials), and the words."""
     n_rows, n_cols = x.shape
     kernels = ops.rms_norm.RMS_NORM_KERNELS if op == "rms_norm" else ops.layer_norm.LAYER_NORM_KERNELS
-    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(kernels, n_rows, n_cols, x.element_size(), x.device)
+    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
+        kernels, n_rows, n_cols, column_multiple(n_cols), x.element_size(), x.device
+    )
     words = ops._cooperative.unpublished_words(x, n_rows, kernels.held_words * n_segments)
     kernel = ops._cooperative.register_capped(kernels.backward_held, setup.warps, setup.registers)
     results = []
@@ -659,29 +662,33 @@ def test_the_held_rows_rule(monkeypatch):
     monkeypatch.setattr(ops._cooperative, "sm_count", lambda index: 132)
     ops._device.resident_programs_per_sm.cache_clear()
     rms, ln, cuda = ops.rms_norm.RMS_NORM_KERNELS, ops.layer_norm.LAYER_NORM_KERNELS, torch.device("cuda", 0)
+
+    def held(kernels, n_rows, n_cols, widest, device=cuda):
+        return norm_ops._held_plan(kernels, n_rows, n_cols, column_multiple(n_cols), widest, device)
+
     try:
         (bf16, bf16_wide), (fp32, fp32_wide) = rms.held_setups[2], rms.held_setups[4]
         assert (bf16.segment, bf16.max_segments, bf16_wide.segment) == (512, 128, 2048)  # the numbers below follow
         assert (fp32.segment, fp32.max_segments, fp32_wide.segment) == (512, 128, 1024)
         # 16-bit: 20 programs an SM (96 registers on 1 warp), 2640: 41 rows of 64 segments at once
-        assert norm_ops._held_plan(rms, 4096, 32768, 2, cuda) == (bf16, 512, 64, 41)
+        assert held(rms, 4096, 32768, 2) == (bf16, 512, 64, 41)
         # 128 segments of 512 the last the one-warp setup takes; past that 2048 columns, 5 an SM
-        assert norm_ops._held_plan(rms, 1024, 65536, 2, cuda) == (bf16, 512, 128, 20)
-        assert norm_ops._held_plan(rms, 256, 65536 + 16, 2, cuda) == (bf16_wide, 2048, 33, 20)
+        assert held(rms, 1024, 65536, 2) == (bf16, 512, 128, 20)
+        assert held(rms, 256, 65536 + 16, 2) == (bf16_wide, 2048, 33, 20)
         # float32: 16 an SM (128 registers on 1 warp), 2112: 88 rows of 24 segments (the last of 512)
-        assert norm_ops._held_plan(rms, 8192, 12288, 4, cuda) == (fp32, 512, 24, 88)
-        assert norm_ops._held_plan(rms, 5, 16384, 4, cuda) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
+        assert held(rms, 8192, 12288, 4) == (fp32, 512, 24, 88)
+        assert held(rms, 5, 16384, 4) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
         # the longest row held: 8 an SM of 2 warps, 1056 segments of 1024; longer: two sweeps
-        assert norm_ops._held_plan(rms, 2, 1056 * 1024, 4, cuda) == (fp32_wide, 1024, 1056, 1)
-        assert norm_ops._held_plan(rms, 2, 1056 * 1024 + 1, 4, cuda) is None
-        assert norm_ops._held_plan(rms, 4096, 32768, 8, cuda) is None  # float64
+        assert held(rms, 2, 1056 * 1024, 4) == (fp32_wide, 1024, 1056, 1)
+        assert held(rms, 2, 1056 * 1024 + 1, 4) is None
+        assert held(rms, 4096, 32768, 8) is None  # float64
         # layer norm: the one-warp setup up to 128 segments, then two sweeps
-        assert norm_ops._held_plan(ln, 4096, 32768, 2, cuda) == (ln.held_setups[2][0], 512, 64, 33)
-        assert norm_ops._held_plan(ln, 256, 65536 + 16, 2, cuda) is None
-        assert norm_ops._held_plan(ln, 2000, 20000, 4, cuda) == (ln.held_setups[4][0], 512, 40, 52)
-        assert norm_ops._held_plan(ln, 2000, 20008, 4, cuda) is None  # a row of no 16-element multiple
-        assert norm_ops._held_plan(rms, 2000, 20001, 4, cuda) == (fp32, 512, 40, 52)  # RMS norm holds any
-        assert norm_ops._held_plan(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
+        assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 33)
+        assert held(ln, 256, 65536 + 16, 2) is None
+        assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 52)
+        assert held(ln, 2000, 20008, 4) is None  # a row of no 16-element multiple
+        assert held(rms, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
+        assert held(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
     finally:
         ops._device.resident_programs_per_sm.cache_clear()
 
