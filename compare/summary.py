@@ -12,11 +12,15 @@ is put together from their folders, later runs replacing an (op, dtype) that
 an earlier one had:
 
     python -m compare.summary logs/runs/RUN1 logs/runs/RUN2 --out summary.md
+
+A report may be kept as ``results.json.gz`` (logs/examples/h100/sweep/ is), so a
+kept sweep is refreshed for one op by naming its folder, then the new run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -30,18 +34,38 @@ LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at 
 TIE = 1.02  # tk within 2% of the fastest other variant counts as level with it
 
 
+REPORT_NAMES = ("results.json", "results.json.gz")
+
+
+def _report_of(folder: Path) -> Path | None:
+    """An op folder's report: its results.json, or else that file gzipped."""
+    return next((folder / name for name in REPORT_NAMES if (folder / name).is_file()), None)
+
+
+def _reports_in(folder: Path) -> list[Path]:
+    """The folder's own report, or else each of its sub-folders' reports."""
+    own = _report_of(folder)
+    if own is not None:
+        return [own]
+    return [path for sub in sorted(folder.glob("*/")) if (path := _report_of(sub)) is not None]
+
+
+def _read(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
 def find_docs(folders: list[Path]) -> list[dict]:
-    """The results.json documents in `folders` (op folders, or run folders holding them), in the order given."""
+    """The reports in `folders` (op folders, or run folders holding them), in the order given."""
     docs = []
     for folder in folders:
         folder = Path(folder)
-        paths = [folder / "results.json"] if (folder / "results.json").is_file() else sorted(folder.glob("*/results.json"))
+        paths = _reports_in(folder)
         if not paths:
-            raise FileNotFoundError(f"no results.json in {folder} or in its sub-folders")
+            raise FileNotFoundError(f"no results.json or results.json.gz in {folder} or in its sub-folders")
         for path in paths:
             try:
-                doc = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
+                doc = json.loads(_read(path))
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
                 raise ValueError(f"{path} is not valid JSON: {e}") from e
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 raise ValueError(f"{path} is not a report of python -m compare (its 'schema' is not {SCHEMA!r})")

@@ -1,5 +1,6 @@
 """The one page over many ops' reports (compare/summary.py), from records made here."""
 
+import gzip
 import json
 
 import pytest
@@ -110,3 +111,20 @@ def test_a_page_that_cannot_be_written_is_an_error_naming_the_file(tmp_path, cap
         summary.main([str(tmp_path), "--out", str(out)])
     assert exit_info.value.code == 1
     assert f"cannot write {out}" in capsys.readouterr().err
+
+
+def test_a_kept_sweep_of_gzipped_reports_is_refreshed_by_a_later_run(tmp_path):
+    kept, run = tmp_path / "kept", tmp_path / "run"
+    for op, tk_ms in (("gelu", 0.9), ("square", 1.2)):
+        (kept / op).mkdir(parents=True)
+        records = [rec("eager", 1.0, op=op), rec("tk", tk_ms, op=op)]
+        (kept / op / "results.json.gz").write_bytes(gzip.compress(json.dumps(doc(records, op=op)).encode()))
+    (run / "square").mkdir(parents=True)
+    fresh = [rec("eager", 1.0, op="square"), rec("tk", 0.5, op="square")]
+    (run / "square" / "results.json").write_text(json.dumps(doc(fresh, op="square")))
+    page = summary.markdown(summary.find_docs([kept, run]))
+    assert "2 ops from 3 reports" in page
+    assert "2 of 2 large cases have tk within 2%" in page and "2.00x (eager)" in page
+    (kept / "gelu" / "results.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"results\.json\.gz is not valid JSON"):
+        summary.find_docs([kept])
