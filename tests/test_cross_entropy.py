@@ -4,6 +4,8 @@ Each test runs on the CPU (the Triton kernels through the interpreter, small
 sizes) and on CUDA (compiled kernels, vocabulary-sized rows; marked `gpu`).
 """
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -166,13 +168,16 @@ def test_every_row_ignored(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ignored_rows_are_not_read(device):
-    """NaN logits in ignored rows change nothing: the backward never loads them
-    (PyTorch's gradient there is NaN), and the forward masks them out."""
-    n_cols = pick(device, 20_000, 70_001)  # several chunks per row
+@pytest.mark.parametrize("n_cols", [100, 1000, "long"])
+def test_nan_in_ignored_rows_changes_nothing(device, n_cols):
+    """NaN and inf logits in ignored rows change nothing: neither direction loads
+    them (PyTorch's gradient there is NaN).  Rows stacked into a tile, one chunk a
+    row, and several chunks a row."""
+    n_cols = pick(device, 20_000, 70_001) if n_cols == "long" else n_cols
     logits, target = make_case(12, n_cols, device, torch.float32, ignore_every=3)
     poisoned = logits.clone()
     poisoned[target == -100] = float("nan")
+    poisoned[target == -100, :3] = torch.tensor([float("inf"), -float("inf"), 1e38], device=device)
     for reduction in REDUCTIONS:
         grad = torch.randn(12 if reduction == "none" else (), device=device)
         loss, dlogits = tk_loss_and_grad(poisoned, target, grad, reduction=reduction, label_smoothing=0.1)
@@ -554,6 +559,30 @@ def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
 
     monkeypatch.setitem(module._MAX_CHUNK, "cpu", module._MAX_CHUNK["cuda"])
     test_numerically_stable("cpu", 70_001)
+
+
+def test_the_gpu_row_tiles():
+    """The forward's chunks: 32 elements a thread for rows of one or two chunks and for long
+    16-bit rows, 16 for long float32 rows and for float64; the backward's 16 (see
+    _BACKWARD_PER_THREAD).  Rows of at most 256 columns are stacked into 2048-element tiles."""
+    from ops import cross_entropy as module
+
+    def tiles(n_rows, n_cols, dtype, forward):
+        logits = torch.empty(0, dtype=dtype, device="meta")
+        with mock.patch.object(module, "_kind", return_value="cuda"):
+            return module._row_tile(n_rows, n_cols, logits, forward)
+
+    widths = (4096, 8192, 1000, 50257)
+    assert [tiles(16384, c, torch.bfloat16, True) for c in widths] == [
+        (1, 4096, 4), (1, 4096, 4), (1, 1024, 1), (1, 4096, 4)]  # fmt: skip
+    assert [tiles(16384, c, torch.float32, True) for c in widths] == [
+        (1, 4096, 4), (1, 4096, 4), (1, 1024, 1), (1, 4096, 8)]  # fmt: skip
+    assert tiles(16384, 4096, torch.float64, True) == (1, 4096, 8)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert [tiles(16384, c, dtype, False) for c in widths] == [
+            (1, 4096, 8), (1, 4096, 8), (1, 1024, 2), (1, 4096, 8)]  # fmt: skip
+    assert tiles(65536, 100, torch.bfloat16, True) == tiles(65536, 100, torch.float32, False) == (16, 128, 8)
+    assert tiles(3, 100, torch.bfloat16, True) == (4, 128, 2)  # no more rows than there are, rounded up
 
 
 @pytest.fixture
