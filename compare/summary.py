@@ -65,8 +65,8 @@ def find_docs(folders: list[Path]) -> list[dict]:
         for path in paths:
             try:
                 doc = json.loads(_read(path))
-            except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
-                raise ValueError(f"{path} is not valid JSON: {e}") from e
+            except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
+                raise ValueError(f"{path} is not valid JSON (gzipped where named .gz): {e}") from e
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 raise ValueError(f"{path} is not a report of python -m compare (its 'schema' is not {SCHEMA!r})")
             docs.append(doc)

@@ -372,25 +372,9 @@ def _sweep_peeled(
 # The chunk a row is swept in: the next power of two of C, capped; the
 # interpreter has no registers, only per-chunk Python overhead.
 _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
-# Elements a thread in a chunk.  The backward writes what it reads, and 16 a
-# thread keep enough in flight.  The forward only reads, and each program first
-# waits on its targets (an ignored row is not read): a row of one or two chunks
-# wants twice the bytes a thread, 32 (4096 columns on 4 warps rather than 8).
-# H100, the kernel alone, % of copy as the harness counts it, 16 -> 32 a thread,
-# no ignored rows / one row in 4 ignored: bf16 16384x4096 78 -> 88 / 83 -> 102,
-# 8192x8192 89 -> 95 / 103 -> 118, 32768x1000 82 -> 85 / 85 -> 100; float32
-# 16384x4096 91 -> 97 / 116 -> 121.  Longer rows keep their next chunk in flight
-# already: 16-bit ones gained a little (bf16 2048x262144 93 -> 97 in the
-# harness), float32 ones lost (102 -> 97) and keep 16, as float64 does
-# everywhere (two registers a value).  docs/perf-notes.md, version 33.
+# Elements a thread in the backward's chunks: it writes what it reads, and 16 a
+# thread keep enough in flight.  The forward's: see _forward_per_thread.
 _BACKWARD_PER_THREAD = 16
-
-
-def _forward_per_thread(n_cols: int, block: int, element_size: int) -> int:
-    """Elements a thread in the forward's chunks (see _BACKWARD_PER_THREAD)."""
-    if element_size > 4 or (element_size == 4 and n_cols > 2 * block):
-        return 16
-    return 32
 # The forward stacks rows of at most _STACKED_ROW columns into tiles of about
 # _ROW_TILE elements, 8 a thread: one 100-class row a program leaves most lanes
 # idle, and each program waits on its targets before it reads its rows.  H100,
@@ -410,10 +394,28 @@ _ROW_TILE = {"cuda": 2048, "cpu": 1 << 14}
 _REDUCE_BLOCK = {"cuda": 8192, "cpu": 1 << 16}
 
 
+def _forward_per_thread(n_cols: int, block: int, element_size: int) -> int:
+    """Elements a thread in the forward's chunks.
+
+    The forward only reads, and each program first waits on its targets (an
+    ignored row is not read): a row of one or two chunks wants twice the bytes a
+    thread, 32 (4096 columns on 4 warps rather than 8).  H100, the kernel alone,
+    % of copy as the harness counts it, 16 -> 32 a thread, no ignored rows / one
+    row in 4 ignored: bf16 16384x4096 78 -> 88 / 83 -> 102, 8192x8192 89 -> 95 /
+    103 -> 118, 32768x1000 82 -> 85 / 85 -> 100; float32 16384x4096 91 -> 97 /
+    116 -> 121.  Longer rows keep their next chunk in flight already: 16-bit ones
+    gained a little (bf16 2048x262144 93 -> 97 in the harness), float32 ones lost
+    (102 -> 97) and keep 16, as float64 does everywhere (two registers a value).
+    docs/perf-notes.md, version 33."""
+    if element_size > 4 or (element_size == 4 and n_cols > 2 * block):
+        return 16
+    return 32
+
+
 def _row_tile(n_rows, n_cols: int, logits: torch.Tensor, forward: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_SIZE, num_warps) of the forward or the backward: rows of at most _STACKED_ROW
     columns stacked into tiles of about _ROW_TILE elements, longer rows one a program, swept in
-    chunks (see _BACKWARD_PER_THREAD)."""
+    chunks (see _forward_per_thread and _BACKWARD_PER_THREAD)."""
     kind = _kind(logits.device)
     block = min(next_power_of_2(n_cols), _MAX_CHUNK[kind])
     if block > _STACKED_ROW[kind]:
