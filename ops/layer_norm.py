@@ -64,7 +64,7 @@ the op return three outputs (or be split into a second registered op) for
 no measurable gain.  The autograd therefore keeps x and weight only.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import math
 from typing import Optional
 
@@ -733,8 +733,13 @@ class NormKernels:
     backward_stats: object  # long rows, pass 1
     backward_columns: object  # long rows, pass 2
     backward_held: object = None  # long rows held on chip across programs (CUDA), where the op has it
-    held_setups: dict = None  # the widest input's element size -> HeldRows, the first that takes a row
+    # The widest input's element size -> HeldRows, the first that takes a row (none: no held kernel).
+    held_setups: dict = field(default_factory=dict)
     held_words: int = 1  # words a segment publishes
+
+    def __post_init__(self):
+        if self.held_setups and self.backward_held is None:
+            raise ValueError("NormKernels: held_setups name setups for a backward_held kernel, and there is none")
 
 
 LAYER_NORM_KERNELS = NormKernels(
@@ -966,8 +971,8 @@ def _held_plan(kernels: NormKernels, n_rows: int, n_cols: int, col_multiple: int
     row length whose column_multiple is not a multiple of the setup's col_multiple,
     or more segments than the grid holds)."""
     kind = _kind(device)
-    setups = (kernels.held_setups or {}).get(widest, ())
-    if kernels.backward_held is None or not setups or not _HELD_ROWS[kind]:
+    setups = kernels.held_setups.get(widest, ())
+    if not setups or not _HELD_ROWS[kind]:
         return None
     if kind == "cpu":
         setup, programs, segment = setups[0], _CPU_PROGRAMS, _CPU_HELD_SEGMENT

@@ -5,6 +5,8 @@ Each test runs on the CPU (the Triton kernels through the interpreter, small
 sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -691,6 +693,14 @@ def test_the_held_rows_rule(monkeypatch):
         assert held(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
     finally:
         ops._device.resident_programs_per_sm.cache_clear()
+
+
+def test_held_setups_without_a_held_kernel_are_refused():
+    """An op that names setups for rows held on chip must have the kernel they launch."""
+    kernels = ops.rms_norm.RMS_NORM_KERNELS
+    with pytest.raises(ValueError, match="held_setups name setups for a backward_held kernel, and there is none"):
+        dataclasses.replace(kernels, backward_held=None)
+    assert dataclasses.replace(kernels, backward_held=None, held_setups={}).held_setups == {}
 
 
 @pytest.mark.gpu
