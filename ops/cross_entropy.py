@@ -372,9 +372,8 @@ def _sweep_peeled(
 # The chunk a row is swept in: the next power of two of C, capped; the
 # interpreter has no registers, only per-chunk Python overhead.
 _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
-# Elements a thread in the backward's chunks: it writes what it reads, and 16 a
-# thread keep enough in flight.  The forward's: see _forward_per_thread.
-_BACKWARD_PER_THREAD = 16
+# Elements a thread: the forward's, see _forward_per_thread; the backward's, see
+# _backward_per_thread.
 # The forward stacks rows of at most _STACKED_ROW columns into tiles of about
 # _ROW_TILE elements, 8 a thread: one 100-class row a program leaves most lanes
 # idle, and each program waits on its targets before it reads its rows.  H100,
@@ -412,14 +411,31 @@ def _forward_per_thread(n_cols: int, block: int, element_size: int) -> int:
     return 32
 
 
+def _backward_per_thread(n_cols: int, block: int) -> int:
+    """Elements a thread in the backward's chunks.
+
+    It writes what it reads.  Rows of one or two chunks want 16 a thread (4096
+    columns on 8 warps); longer rows keep more in flight on 16 warps, 8 a
+    thread.  H100, the kernel alone, % of a copy of the logits, 16 -> 8 a
+    thread: bf16 4096x32000 / 4096x50257 / 2048x65536 / 8192x128256 92.8 /
+    87.5 / 90.2 / 93.5 -> 95.1 / 90.6 / 93.5 / 94.3, float32 94.2 / 88.2 /
+    115.8 / 94.0 -> 94.9 / 89.7 / 116.8 / 94.3; at two chunks bf16 8192x8192
+    95.5 -> 93.6 and 16384x4100 84.1 -> 73.2.  32 a thread lost 0-8 points
+    everywhere.  docs/perf-notes.md, version 34."""
+    return 8 if n_cols > 2 * block else 16
+
+
 def _row_tile(n_rows, n_cols: int, logits: torch.Tensor, forward: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_SIZE, num_warps) of the forward or the backward: rows of at most _STACKED_ROW
     columns stacked into tiles of about _ROW_TILE elements, longer rows one a program, swept in
-    chunks (see _forward_per_thread and _BACKWARD_PER_THREAD)."""
+    chunks (see _forward_per_thread and _backward_per_thread)."""
     kind = _kind(logits.device)
     block = min(next_power_of_2(n_cols), _MAX_CHUNK[kind])
     if block > _STACKED_ROW[kind]:
-        per_thread = _forward_per_thread(n_cols, block, logits.element_size()) if forward else _BACKWARD_PER_THREAD
+        if forward:
+            per_thread = _forward_per_thread(n_cols, block, logits.element_size())
+        else:
+            per_thread = _backward_per_thread(n_cols, block)
         return 1, block, warps_for(block, per_thread)
     rows = rows_in_tile(n_rows, block, _ROW_TILE[kind])
     return rows, block, warps_for(rows * block, per_thread=8)

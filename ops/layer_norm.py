@@ -153,15 +153,36 @@ def _rstd(m2, n_cols, eps):
 
 
 @triton.jit
-def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """xhat * w + b.  `cols` has xhat's rank: (1, BLOCK_N) for a tile, so that
-    w and b broadcast over its rows; (BLOCK_N,) for a chunk of one row."""
+def _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICTION: tl.constexpr):
+    """(w, b) at `cols` in the compute dtype, loaded with `EVICTION` ("" for the default,
+    "evict_last" to keep them in L2 for the other programs); 0 stands in for one that is
+    absent, and the flags keep it unused."""
+    w = 0.0
+    b = 0.0
+    if HAS_WEIGHT:
+        w = _widen(tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+    if HAS_BIAS:
+        b = _widen(tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+    return w, b
+
+
+@triton.jit
+def _affine(xhat, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b, for the w and b that are there."""
     y = xhat
     if HAS_WEIGHT:
-        y = y * _load(w_ptr + cols, cols < n_cols)
+        y = y * w
     if HAS_BIAS:
-        y = y + _load(b_ptr + cols, cols < n_cols)
+        y = y + b
     return y
+
+
+@triton.jit
+def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b, w and b loaded now.  `cols` has xhat's rank: (1, BLOCK_N) for a
+    tile, so that w and b broadcast over its rows; (BLOCK_N,) for a chunk of one row."""
+    w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+    return _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
 
 
 @triton.jit
@@ -310,18 +331,25 @@ def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEI
 def normalize_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """Short rows: a tile of BLOCK_M whole rows per program, one read and one write."""
+    """Short rows: a tile of BLOCK_M whole rows per program, one read and one write.
+    AFFINE_FIRST: w and b are loaded beside x, their latency hidden under x's, rather
+    than after the reductions (where they wait in the tile's critical path but take
+    no registers during the reductions)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
     mask = (rows < n_rows) & (cols < n_cols)  # the last tile and every row's end hang over
     offsets = rows * n_cols + cols
+    if AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
     x = _load(x_ptr + offsets, mask)
     xhat, _ = _standardize(x, mask, n_cols, eps, CENTERED)
-    y = _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS)
+    if not AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+    y = _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -332,7 +360,7 @@ def normalize_long_rows(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """Long rows: one program per row; a sweep for the statistics, a sweep to write.
-    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows'.)"""
+    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows' less AFFINE_FIRST.)"""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = tl.program_id(0).to(tl.int64) * n_cols
     mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
@@ -639,11 +667,12 @@ def layer_norm_backward_held_kernel(
 def layer_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
-        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
-    )
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        AFFINE_FIRST,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -777,6 +806,14 @@ _MAX_BLOCK_BACKWARD = {"cuda": 8192, "cpu": 1 << 16}
 # / 98, 97 / 98 / 99 / 97 / 98; float32 at 65536x256 / 16384x768 / 16384x1536: 96 / 99 / 99,
 # 97 / 99 / 97, 98 / 96 / 97.
 _TILE = {"cuda": 2048, "cpu": 1 << 14}
+# The forward loads w and b beside x (AFFINE_FIRST) for blocks of at most this many columns.
+# H100, % of a copy, w and b after the reductions -> beside x, kept in L2: layer_norm
+# float32 65536x256 / 16384x2048 / 16384x4096 98.0 / 97.2 / 97.5 -> 99.1 / 98.8 / 99.6, bf16
+# 65536x256 / 32768x1000 / 16384x4096 92.6 / 94.1 / 99.1 -> 98.3 / 97.4 / 100.8; rms_norm
+# fp16 16384x4096 99.7 -> 100.5.  Rows of 8192 columns and more (16-32 warps, 16 a thread)
+# lost 10-30 points: w and b held through the reductions take a program an SM away, or spill.
+# (docs/perf-notes.md, version 34.)
+_AFFINE_FIRST_MAX_BLOCK = 4096
 _CHUNK = {"cuda": 4096, "cpu": 1 << 14}  # long rows: columns per step
 
 # The backward's programs (see _backward_programs).  Module-level so that a
@@ -897,7 +934,11 @@ def normalize(kernels: NormKernels, x, weight, bias, eps: float, n_cols: int, dt
     if _fits_a_block(n_cols, _MAX_BLOCK, x):
         block_m, block_n = _row_tile(n_rows, n_cols, kind, x.dtype)
         grid = (cdiv(n_rows, block_m),)
-        _launch(kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps_for(block_m * block_n))
+        affine_first = block_n <= _AFFINE_FIRST_MAX_BLOCK
+        _launch(
+            kernels.forward, grid, *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, AFFINE_FIRST=affine_first,
+            num_warps=warps_for(block_m * block_n),
+        )  # fmt: skip
     else:
         chunk = _CHUNK[kind]
         _launch(kernels.forward_long_rows, (n_rows,), *args, **flags, BLOCK_M=1, BLOCK_N=chunk, num_warps=warps_for(chunk))

@@ -78,11 +78,12 @@ from .layer_norm import (  # the bodies both norms share, and layer norm's piece
 def rms_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
-        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
-    )
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        AFFINE_FIRST,
+    )  # fmt: skip
 
 
 @triton.jit

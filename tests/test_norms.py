@@ -504,6 +504,28 @@ def test_the_short_row_backward_loads_ahead_by_tile_bytes(small_blocks, monkeypa
             assert all(torch.equal(a, b) for a, b in zip(ahead, after, strict=True))
 
 
+@pytest.mark.parametrize("present", [(True, True), (True, False), (False, True), (False, False)], ids=["w+b", "w", "b", "none"])
+def test_the_forward_loads_w_and_b_beside_x_or_after(small_blocks, monkeypatch, present):
+    """Blocks of at most _AFFINE_FIRST_MAX_BLOCK columns load w and b beside x, wider ones after
+    the reductions: both give the float64 values, with w and b each there or not, of a bfloat16
+    x (float32 parameters where there is a weight: a lone bias must have x's dtype)."""
+    monkeypatch.setattr(norm_ops, "_AFFINE_FIRST_MAX_BLOCK", 16)
+    flags, launch = [], norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        flags.append(kwargs.get("AFFINE_FIRST"))
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    for n in (6, 20):  # blocks of 8 and 32 columns
+        x = 5 + 2 * torch.randn(9, n, dtype=torch.bfloat16)
+        weight, bias = params(n, "cpu", torch.float32 if present[0] else torch.bfloat16, *present)
+        y = torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5)
+        assert_close(y, layer_norm_reference(x, (n,), weight, bias, 1e-5), torch.bfloat16)
+        assert_close(torch.ops.tk.rms_norm(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.bfloat16)
+    assert flags == [True, True, False, False]
+
+
 def test_long_rows_gradcheck(small_blocks, launched):
     x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, dtype=torch.float64, requires_grad=True)
