@@ -58,7 +58,7 @@ def _global_accesses(ptx: str) -> list[str]:
 
 _BF16_ROW = {"x_ptr": "bf16", "y_ptr": "bf16", "w_ptr": "bf16", "b_ptr": "bf16", "dy_ptr": "bf16", "dx_ptr": "bf16"}
 _FP32_SCRATCH = {"dw_partial_ptr": "fp32", "db_partial_ptr": "fp32", "stats_ptr": "fp32"}
-_NORM_FORWARD = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": 4, "BLOCK_N": 1024}
+_NORM_FORWARD = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": 4, "BLOCK_N": 1024, "AFFINE_FIRST": True}
 _NORM_BACKWARD = {"HAS_WEIGHT": True, "WEIGHT_GRAD": True, "BIAS_GRAD": True, "BLOCK_M": 4, "BLOCK_N": 1024}
 _CROSS_ENTROPY = {"logits_ptr": "bf16", "target_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32"}
 
@@ -66,6 +66,9 @@ _CROSS_ENTROPY = {"logits_ptr": "bf16", "target_ptr": "i64", "loss_ptr": "fp32",
 # on 16-bit rows of 1000 columns.
 ROW_KERNELS = {
     "layer_norm forward": (layer_norm.layer_norm_forward_kernel, _BF16_ROW, _NORM_FORWARD, 8, 0),
+    "layer_norm forward, w and b after": (
+        layer_norm.layer_norm_forward_kernel, _BF16_ROW, {**_NORM_FORWARD, "AFFINE_FIRST": False}, 8, 0,
+    ),
     "layer_norm backward": (
         layer_norm.layer_norm_backward_kernel, {**_BF16_ROW, **_FP32_SCRATCH}, {**_NORM_BACKWARD, "LOAD_AHEAD": True}, 16, 0,
     ),
