@@ -372,8 +372,6 @@ def _sweep_peeled(
 # The chunk a row is swept in: the next power of two of C, capped; the
 # interpreter has no registers, only per-chunk Python overhead.
 _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
-# Elements a thread: the forward's, see _forward_per_thread; the backward's, see
-# _backward_per_thread.
 # The forward stacks rows of at most _STACKED_ROW columns into tiles of about
 # _ROW_TILE elements, 8 a thread: one 100-class row a program leaves most lanes
 # idle, and each program waits on its targets before it reads its rows.  H100,

@@ -564,7 +564,8 @@ def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
 def test_the_gpu_row_tiles():
     """The forward's chunks: 32 elements a thread for rows of one or two chunks and for long
     16-bit rows, 16 for long float32 rows and for float64; the backward's 16 for rows of one or
-    two chunks, 8 for longer ones (see _backward_per_thread).  Rows of at most 256 columns are stacked into 2048-element tiles."""
+    two chunks, 8 for longer ones (see _backward_per_thread).  Rows of at most 256 columns are
+    stacked into 2048-element tiles."""
     from ops import cross_entropy as module
 
     def tiles(n_rows, n_cols, dtype, forward):
@@ -582,7 +583,7 @@ def test_the_gpu_row_tiles():
         assert [tiles(16384, c, dtype, False) for c in widths] == [
             (1, 4096, 8), (1, 4096, 8), (1, 1024, 2), (1, 4096, 16)]  # fmt: skip
         assert tiles(16384, 8192, dtype, False) == (1, 4096, 8)  # two chunks
-        assert tiles(16384, 8193, dtype, False) == (1, 4096, 16)  # the third of one column
+        assert tiles(16384, 8193, dtype, False) == (1, 4096, 16)  # a third chunk of one column
     assert tiles(65536, 100, torch.bfloat16, True) == tiles(65536, 100, torch.float32, False) == (16, 128, 8)
     assert tiles(3, 100, torch.bfloat16, True) == (4, 128, 2)  # no more rows than there are, rounded up
 
