@@ -71,18 +71,30 @@ def copy_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
 # --------------------------------------------------------------------------
 
 
-def elementwise_config(n: int, device: torch.device, per_thread: int = 16) -> tuple[int, int]:
+# Elements a thread for a kernel that reads two or more tensors (add, the
+# backwards, swiglu): see elementwise_config.
+PER_THREAD_MANY_INPUTS = 4
+
+
+def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for a kernel over n elements.
 
     GPU: from 2**22 elements, 8 warps (256 threads) of ``per_thread``
-    elements each.  16 a thread (4096 a block) keeps enough independent loads
-    in flight to hide the memory latency, two 16-byte vector loads a thread
-    for 2-byte dtypes.  A kernel with long per-element math can ask for 8:
-    the erf GELU at 16 a thread needs 37-40 registers, past the 32 at which
-    an SM holds its full 2048 threads, and runs 1-9% faster at 8 (H100; perf
-    notes, version 22).  Below 2**22 elements, blocks of 1024 (4 warps, 8 a
-    thread) make more programs, so that a small tensor still spreads over all
-    the SMs.  Every block is a power of two, as tl.arange requires.
+    elements each.  Once every SM is full (2048 threads), more bytes in
+    flight a thread no longer hide latency; shorter programs spread the
+    loads more evenly and retire sooner.  Measured on an H100 (perf notes,
+    version 35), with the same grid rule at each count:
+
+    * one input (copy, square, GELU): 8 a thread, one 16-byte load of a
+      16-bit dtype.  16 was 0.3-1 point of copy slower; 4 was level in
+      float32 and 5-6 points slower in bfloat16.
+    * two or three inputs: ``PER_THREAD_MANY_INPUTS`` = 4, 1.2-1.6 points
+      of copy over 16 in both float32 and bfloat16 (Inductor's 2 a thread
+      is 0.5 faster in float32 and 10 slower in bfloat16).
+
+    Below 2**22 elements, blocks of 1024 (4 warps, 8 a thread) make more
+    programs, so that a small tensor still spreads over all the SMs.  Every
+    block is a power of two, as tl.arange requires.
 
     CPU (Triton's interpreter): every program costs Python time, so one
     program takes as much as it can: the whole tensor up to 2**16 elements.

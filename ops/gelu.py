@@ -18,6 +18,7 @@ import triton.language as tl
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
     ELEMENTWISE_SHAPES,
+    PER_THREAD_MANY_INPUTS,
     ROUNDING_TOLERANCE,
     describe_numel,
     elementwise_config,
@@ -102,8 +103,13 @@ def gelu_backward_kernel(
         d_inner = SQRT_2_PI * (1.0 + 3.0 * TANH_CUBIC * x * x)
         dy_dx = s + 2.0 * x * s * (1.0 - s) * d_inner
     else:
-        cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT_1_2))
-        pdf = INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+        if dx_ptr.dtype.element_ty.primitive_bitwidth == 16:
+            cdf = _normal_cdf_16bit(x)  # the forward's form: fewer instructions, exact tail
+        else:
+            cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT_1_2))
+        # exp(-x^2 / 2) taken 64 octaves up and brought down, as in
+        # _normal_cdf_16bit, so that the tail keeps float32's subnormals.
+        pdf = INV_SQRT_2PI * tl.exp2(-0.5 * x * x * LOG2E + 64.0) * TWO_TO_MINUS_64
         dy_dx = cdf + x * pdf
     tl.store(dx_ptr + offsets, (grad * dy_dx).to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -122,8 +128,7 @@ def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return y
-    # The erf form's longer math fits in fewer registers at 8 elements a thread.
-    block, warps = elementwise_config(n, x.device, per_thread=16 if tanh else 8)
+    block, warps = elementwise_config(n, x.device)
     launcher(gelu_forward_kernel, x)[elementwise_grid(n, block)](
         x, y, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
     )
@@ -142,7 +147,10 @@ def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none
     n = x.numel()
     if n == 0:
         return dx
-    block, warps = elementwise_config(n, x.device)
+    # The 16-bit erf form does the most math per byte: at 4 a thread it was
+    # issue-bound (6 points of copy lost), at 8 it is not (perf notes, version 35).
+    per_thread = 8 if not tanh and x.element_size() == 2 else PER_THREAD_MANY_INPUTS
+    block, warps = elementwise_config(n, x.device, per_thread)
     launcher(gelu_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
     )

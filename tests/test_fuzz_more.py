@@ -173,7 +173,8 @@ def _pick(draw, options):
 # ---------------------------------------------------------------------------
 
 # The CPU takes one program of up to 2**16 elements, the GPU blocks of 1024
-# below 2**22 elements and 4096 from there (ops/copy_op.py: elementwise_config).
+# below 2**22 elements and 8 warps' worth from there (ops/copy_op.py:
+# elementwise_config).
 ELEMENTWISE_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 22) - 1, 1 << 22, (1 << 22) + 1]}
 BUDGET = {"cpu": 4096, "cuda": 1 << 20}  # elements of the largest ordinary example
 
