@@ -22,12 +22,12 @@ import triton.language as tl
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (
     ELEMENTWISE_SHAPES,
-    PER_THREAD_MANY_INPUTS,
     ROUNDING_TOLERANCE,
     describe_numel,
     element_size,
     elementwise_config,
     elementwise_grid,
+    many_inputs_per_thread,
     walk_in_one_order,
 )
 from .square import to_compute_dtype
@@ -59,7 +59,7 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = a.numel()
     if n == 0:
         return out
-    block, warps = elementwise_config(n, a.device, PER_THREAD_MANY_INPUTS)
+    block, warps = elementwise_config(n, a.device, many_inputs_per_thread(a))
     launcher(add_kernel, a)[elementwise_grid(n, block)](a, b, out, n, BLOCK_SIZE=block, num_warps=warps)
     return out
 

@@ -18,11 +18,11 @@ import triton.language as tl
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
     ELEMENTWISE_SHAPES,
-    PER_THREAD_MANY_INPUTS,
     ROUNDING_TOLERANCE,
     describe_numel,
     elementwise_config,
     elementwise_grid,
+    many_inputs_per_thread,
     walk_in_one_order,
 )
 
@@ -149,7 +149,7 @@ def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none
         return dx
     # The 16-bit erf form does the most math per byte: at 4 a thread it was
     # issue-bound (6 points of copy lost), at 8 it is not (perf notes, version 35).
-    per_thread = 8 if not tanh and x.element_size() == 2 else PER_THREAD_MANY_INPUTS
+    per_thread = 8 if not tanh and x.element_size() == 2 else many_inputs_per_thread(x)
     block, warps = elementwise_config(n, x.device, per_thread)
     launcher(gelu_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps

@@ -16,12 +16,12 @@ import triton.language as tl
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (
     ELEMENTWISE_SHAPES,
-    PER_THREAD_MANY_INPUTS,
     ROUNDING_TOLERANCE,
     describe_numel,
     element_size,
     elementwise_config,
     elementwise_grid,
+    many_inputs_per_thread,
     walk_in_one_order,
 )
 
@@ -84,7 +84,7 @@ def _square_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return dx
-    block, warps = elementwise_config(n, x.device, PER_THREAD_MANY_INPUTS)
+    block, warps = elementwise_config(n, x.device, many_inputs_per_thread(x))
     launcher(square_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, BLOCK_SIZE=block, num_warps=warps
     )

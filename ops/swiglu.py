@@ -35,11 +35,11 @@ import triton.language as tl
 
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (
-    PER_THREAD_MANY_INPUTS,
     ROUNDING_TOLERANCE,
     element_size,
     elementwise_config,
     elementwise_grid,
+    many_inputs_per_thread,
     walk_in_one_order,
 )
 from .square import to_compute_dtype
@@ -180,7 +180,7 @@ def _forward(kernel, gate, up, **constexprs):
     n = gate.numel()
     if n == 0:
         return out
-    block, warps = elementwise_config(n, gate.device, PER_THREAD_MANY_INPUTS)
+    block, warps = elementwise_config(n, gate.device, many_inputs_per_thread(gate))
     launcher(kernel, gate)[elementwise_grid(n, block)](gate, up, out, n, BLOCK_SIZE=block, num_warps=warps, **constexprs)
     return out
 
@@ -191,7 +191,7 @@ def _backward_pass(kernel, grad, gate, up, **constexprs):
     n = gate.numel()
     if n == 0:
         return d_gate, d_up
-    block, warps = elementwise_config(n, gate.device, PER_THREAD_MANY_INPUTS)
+    block, warps = elementwise_config(n, gate.device, many_inputs_per_thread(gate))
     launcher(kernel, gate)[elementwise_grid(n, block)](
         grad, gate, up, d_gate, d_up, n, BLOCK_SIZE=block, num_warps=warps, **constexprs
     )

@@ -27,7 +27,7 @@ from reference import (
 )
 
 import ops
-from ops.copy_op import INTEGER_DTYPES, PER_THREAD_MANY_INPUTS, elementwise_config, elementwise_grid
+from ops.copy_op import INTEGER_DTYPES, elementwise_config, elementwise_grid
 
 # sigmoid(x) = 1 / (1 + exp(-x)): for x below about -88, exp overflows to inf in
 # float32 and the sigmoid is 0, as it should be; numpy (the interpreter) warns.
@@ -406,7 +406,7 @@ def test_dense_inputs_keep_their_layout(device):
 
 def test_launch_rule_covers_every_element():
     for device in [torch.device("cpu"), torch.device("cuda")]:
-        counts = [PER_THREAD_MANY_INPUTS, 8, 16]
+        counts = [2, 4, 8, 16]
         for n, per_thread in itertools.product([1, 1000, 4097, 1 << 22, (1 << 22) + 1, (1 << 31) + 5], counts):
             block, warps = elementwise_config(n, device, per_thread)
             (programs,) = elementwise_grid(n, block)
@@ -418,9 +418,9 @@ def test_launch_rule_covers_every_element():
 
 
 def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
-    """One-input kernels take 8 elements a thread, kernels of two or more
-    inputs PER_THREAD_MANY_INPUTS, except the 16-bit erf GELU backward: 8
-    (ops/copy_op.py, elementwise_config; ops/gelu.py)."""
+    """One-input kernels take 8 elements a thread; kernels of two or more
+    inputs 8 bytes of each (4 of a 16-bit dtype, 2 of float32), except the
+    16-bit erf GELU backward: 8 (ops/copy_op.py, elementwise_config)."""
     asked = []
 
     def spy(n, device, per_thread=8):
@@ -429,28 +429,26 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
 
     for module in ["copy_op", "square", "add", "gelu", "swiglu"]:
         monkeypatch.setattr(getattr(ops, module), "elementwise_config", spy)
-    x, y = torch.randn(2, 100), torch.randn(2, 100)
-    half = x.to(torch.bfloat16)
-    many = PER_THREAD_MANY_INPUTS
-    calls = [
-        (lambda: tk.copy(x), 8),
-        (lambda: tk.square(x), 8),
-        (lambda: tk.gelu(x), 8),
-        (lambda: tk.gelu(x, "tanh"), 8),
-        (lambda: tk.square_backward(x, y), many),
-        (lambda: tk.add(x, y), many),
-        (lambda: tk.gelu_backward(x, y, "tanh"), many),
-        (lambda: tk.gelu_backward(half, half, "tanh"), many),
-        (lambda: tk.gelu_backward(x, y, "none"), many),
-        (lambda: tk.gelu_backward(half, half, "none"), 8),
-        (lambda: tk.swiglu(x, y), many),
-        (lambda: tk.geglu(x, y), many),
-        (lambda: tk.swiglu_backward(x, x, y), many),
-    ]
-    for call, expected in calls:
-        asked.clear()
-        call()
-        assert asked == [expected]
+    for dtype, many in [(torch.float32, 2), (torch.bfloat16, 4), (torch.float16, 4), (torch.float64, 1)]:
+        x, y = torch.randn(2, 100, dtype=dtype), torch.randn(2, 100, dtype=dtype)
+        erf_backward = 8 if x.element_size() == 2 else many
+        calls = [
+            (lambda: tk.copy(x), 8),
+            (lambda: tk.square(x), 8),
+            (lambda: tk.gelu(x), 8),
+            (lambda: tk.gelu(x, "tanh"), 8),
+            (lambda: tk.square_backward(x, y), many),
+            (lambda: tk.add(x, y), many),
+            (lambda: tk.gelu_backward(x, y, "tanh"), many),
+            (lambda: tk.gelu_backward(x, y, "none"), erf_backward),
+            (lambda: tk.swiglu(x, y), many),
+            (lambda: tk.geglu(x, y), many),
+            (lambda: tk.swiglu_backward(x, x, y), many),
+        ]
+        for call, expected in calls:
+            asked.clear()
+            call()
+            assert asked == [expected], dtype
 
 
 def test_launch_rule_refuses_a_count_a_thread_that_is_not_a_power_of_two():
