@@ -83,9 +83,9 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tup
 
     GPU: from 2**22 elements, 8 warps (256 threads) of ``per_thread``
     elements each.  Once every SM is full (2048 threads), more bytes in
-    flight a thread no longer hide latency; shorter programs spread the
-    loads more evenly and retire sooner.  Measured on an H100 (perf notes,
-    version 35), with the same grid rule at each count:
+    flight a thread buy nothing, and shorter programs measured faster, as
+    long as each load stays 8 bytes or wider.  On an H100 (perf notes,
+    versions 35 and 35b), with the same grid rule at each count:
 
     * one input (copy, square, GELU): 8 a thread, one 16-byte load of a
       16-bit dtype.  16 was 0.3-1 point of copy slower; 4 was level in
