@@ -147,8 +147,8 @@ def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none
     n = x.numel()
     if n == 0:
         return dx
-    # The 16-bit erf form does the most math per byte: at 4 a thread it was
-    # issue-bound (6 points of copy lost), at 8 it is not (perf notes, version 35).
+    # The 16-bit erf form does the most math per byte of any kernel here: at 8
+    # a thread it measured 1-1.5 points of copy over 4 (perf notes, version 35).
     per_thread = 8 if not tanh and x.element_size() == 2 else many_inputs_per_thread(x)
     block, warps = elementwise_config(n, x.device, per_thread)
     launcher(gelu_backward_kernel, x)[elementwise_grid(n, block)](
