@@ -1,4 +1,5 @@
 import fcntl
+import time
 
 import pytest
 import torch
@@ -33,19 +34,33 @@ def _python_bodies_where_patched(request):
         yield
 
 
+# The most a big_memory test holds at once (a 2**31-element bfloat16 input,
+# its gradient and two results: 16 GiB), with room for the references.
+BIG_MEMORY_BYTES = 24 << 30
+BIG_MEMORY_WAIT_S = 120
+
+
 @pytest.fixture(autouse=True)
 def _one_big_memory_test_at_a_time(request, tmp_path_factory):
     """Tests marked big_memory hold tens of GB of GPU memory: under
-    pytest-xdist, two at once (or one next to a worker's cached blocks) can
-    run out of memory.  They take a lock file shared by all workers (the
-    parent of each worker's temporary directory) and give their memory back
-    to the device when done."""
+    pytest-xdist, two at once (or one next to other workers' tests) can run
+    out of memory.  They take a lock file shared by all workers (the parent
+    of each worker's temporary directory), wait (up to BIG_MEMORY_WAIT_S)
+    until the device has BIG_MEMORY_BYTES free, and give their memory back
+    to the device when done.  Every other GPU test gives back its cached
+    blocks when it ends, so that the free memory a big test waits for comes."""
     if request.node.get_closest_marker("big_memory") is None:
         yield
+        if request.node.get_closest_marker("gpu") is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         return
     lock = tmp_path_factory.getbasetemp().parent / "big_memory.lock"
     with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        if torch.cuda.is_available():
+            deadline = time.monotonic() + BIG_MEMORY_WAIT_S
+            while torch.cuda.mem_get_info()[0] < BIG_MEMORY_BYTES and time.monotonic() < deadline:
+                time.sleep(0.5)
         try:
             yield
         finally:
