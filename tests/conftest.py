@@ -34,6 +34,16 @@ def _python_bodies_where_patched(request):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _gpu_tests_give_back_cached_blocks(request):
+    """A GPU test hands its cached blocks back to the device when it ends, so
+    that the free memory a big_memory test in another worker waits for comes."""
+    yield
+    node = request.node
+    if node.get_closest_marker("gpu") and not node.get_closest_marker("big_memory") and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # (a big_memory test gives its memory back itself, before the lock goes)
+
+
 # The most a big_memory test holds at once (a 2**31-element bfloat16 input,
 # its gradient and two results: 16 GiB), with room for the references.
 BIG_MEMORY_BYTES = 24 << 30
@@ -47,12 +57,9 @@ def _one_big_memory_test_at_a_time(request, tmp_path_factory):
     out of memory.  They take a lock file shared by all workers (the parent
     of each worker's temporary directory), wait (up to BIG_MEMORY_WAIT_S)
     until the device has BIG_MEMORY_BYTES free, and give their memory back
-    to the device when done.  Every other GPU test gives back its cached
-    blocks when it ends, so that the free memory a big test waits for comes."""
+    to the device when done."""
     if request.node.get_closest_marker("big_memory") is None:
         yield
-        if request.node.get_closest_marker("gpu") is not None and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
         return
     lock = tmp_path_factory.getbasetemp().parent / "big_memory.lock"
     with open(lock, "a") as handle:

@@ -15,7 +15,6 @@ def test_big_memory_tests_hold_a_lock_that_other_workers_wait_on(tmp_path_factor
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.big_memory
 def test_big_memory_tests_start_with_the_memory_they_need():

@@ -8,6 +8,7 @@ gradcheck, opcheck, clear errors, torch.compile.  Each test runs on the CPU
 (compiled kernels, realistic sizes; marked `gpu`).
 """
 
+import inspect
 import itertools
 
 import pytest
@@ -422,8 +423,9 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
     inputs 8 bytes of each (4 of a 16-bit dtype, 2 of float32), except the
     16-bit erf GELU backward: 8 (ops/copy_op.py, elementwise_config)."""
     asked = []
+    default = inspect.signature(elementwise_config).parameters["per_thread"].default
 
-    def spy(n, device, per_thread=8):
+    def spy(n, device, per_thread=default):
         asked.append(per_thread)
         return elementwise_config(n, device, per_thread)
 
