@@ -81,23 +81,30 @@ def many_inputs_per_thread(t: torch.Tensor) -> int:
 def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tuple[int, int]:
     """(BLOCK_SIZE, num_warps) for a kernel over n elements.
 
-    GPU: from 2**22 elements, 8 warps (256 threads) of ``per_thread``
-    elements each.  Once every SM is full (2048 threads), more bytes in
-    flight a thread buy nothing, and shorter programs measured faster, as
-    long as each load stays 8 bytes or wider.  On an H100 (perf notes,
-    versions 35 and 35b), with the same grid rule at each count:
+    GPU: programs of 8 warps (256 threads), each thread taking ``per_thread``
+    elements, or fewer where that would leave fewer than _MIN_PROGRAMS
+    programs: one element a thread below 2**18 elements, two below 2**19,
+    four below 2**20, and ``per_thread`` from 2**20 on (or earlier, when it
+    asks for fewer).
 
-    * one input (copy, square, GELU): 8 a thread, one 16-byte load of a
-      16-bit dtype.  16 was 0.3-1 point of copy slower; 4 was level in
-      float32 and 5-6 points slower in bfloat16.
-    * two or three inputs: 8 bytes of each a thread (``many_inputs_per_thread``).
-      At 16 elements, 4 and 2: float32 100.2 / 101.6 / 102.3% of copy,
-      bfloat16 101.7 / 103.0 / 92.5% (2^28 elements, add; a 4-byte load
-      of two bf16 values is too narrow).  Inductor takes 2 in both dtypes.
+    * Large tensors: once every SM is full (2048 threads), more bytes in
+      flight a thread buy nothing, and shorter programs measured faster, as
+      long as each load stays 8 bytes or wider.  On an H100 (perf notes,
+      versions 35 and 35b), with the same grid rule at each count: one input
+      (copy, square, GELU) takes 8 a thread, one 16-byte load of a 16-bit
+      dtype (16 was 0.3-1 point of copy slower; 4 was level in float32 and
+      5-6 points slower in bfloat16); two or three inputs take 8 bytes of
+      each (``many_inputs_per_thread``): at 16 elements, 4 and 2, float32 ran
+      at 100.2 / 101.6 / 102.3% of copy and bfloat16 at 101.7 / 103.0 / 92.5%
+      (2^28 elements, add; a 4-byte load of two bf16 values is too narrow).
+    * Small tensors are bound by latency, not bandwidth: what counts is how
+      many SMs share the work and how much math each thread does in a row.
+      Blocks of 1024 on 4 warps (the rule before version 36) left a float32
+      erf GELU backward of 2**16 elements on 64 programs at 0.8x the speed of
+      Inductor's kernel; one element a thread on 256 programs runs at 1.0-1.3x
+      (CUDA-graph time on an H100; perf notes, version 36).
 
-    Below 2**22 elements, blocks of 1024 (4 warps, 8 a thread) make more
-    programs, so that a small tensor still spreads over all the SMs.  Every
-    block is a power of two, as tl.arange requires.
+    Every block is a power of two, as tl.arange requires.
 
     CPU (Triton's interpreter): every program costs Python time, so one
     program takes as much as it can: the whole tensor up to 2**16 elements.
@@ -106,9 +113,13 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tup
         raise ValueError(f"elementwise_config: per_thread must be a power of two, got {per_thread}")
     if device.type != "cuda":
         return min(next_power_of_2(max(n, 1)), 1 << 16), 1
-    if n >= 1 << 22:
-        return 256 * per_thread, 8
-    return 1024, 4
+    most = max(n // (_THREADS * _MIN_PROGRAMS), 1)  # elements a thread that keep _MIN_PROGRAMS programs
+    per_thread = min(per_thread, 1 << (most.bit_length() - 1))  # both powers of two
+    return _THREADS * per_thread, _THREADS // 32
+
+
+_THREADS = 256  # a program's threads (8 warps) on a GPU
+_MIN_PROGRAMS = 512  # about 4 an SM on an H100
 
 
 def elementwise_grid(n: int, block: int) -> tuple[int]:

@@ -406,16 +406,31 @@ def test_dense_inputs_keep_their_layout(device):
 
 
 def test_launch_rule_covers_every_element():
+    sizes = [1, 1000, 4097, (1 << 17) - 1, 1 << 17, (1 << 18) + 3, 1 << 20, 1 << 22, (1 << 22) + 1, (1 << 31) + 5]
     for device in [torch.device("cpu"), torch.device("cuda")]:
-        counts = [2, 4, 8, 16]
-        for n, per_thread in itertools.product([1, 1000, 4097, 1 << 22, (1 << 22) + 1, (1 << 31) + 5], counts):
+        for n, per_thread in itertools.product(sizes, [1, 2, 4, 8, 16]):
             block, warps = elementwise_config(n, device, per_thread)
             (programs,) = elementwise_grid(n, block)
             assert block & (block - 1) == 0  # a power of two, as tl.arange needs
-            assert device.type == "cpu" or warps * 32 <= block  # on a GPU, every thread has an element
             assert (programs - 1) * block < n <= programs * block  # all covered, no empty program
-            if device.type == "cuda" and n >= 1 << 22:
-                assert block == warps * 32 * per_thread  # the elements a thread the kernel asked for
+            if device.type == "cuda":
+                taken = block // (warps * 32)  # elements a thread
+                assert warps == 8 and 1 <= taken <= per_thread
+                # The count asked for, unless a thread's share would leave fewer than 512
+                # programs: then the largest share that keeps 512, or one element.
+                assert taken == per_thread or n // block < 2 * 512
+                assert taken == 1 or n // block >= 512
+
+
+def test_launch_rule_spreads_small_tensors_over_programs():
+    """Below 2**18 elements a thread takes one element; from 2**20 the count asked for."""
+    cuda = torch.device("cuda")
+    assert elementwise_config(4096, cuda, 8) == (256, 8)  # 16 programs, not 4 of 1024
+    assert elementwise_config(1 << 16, cuda, 8) == (256, 8)  # 256 programs
+    assert elementwise_config(1 << 18, cuda, 8) == (512, 8)  # two a thread, 512 programs
+    assert elementwise_config(1 << 19, cuda, 2) == (512, 8)  # capped by the count asked for
+    assert elementwise_config(1 << 20, cuda, 8) == (2048, 8)
+    assert elementwise_config(1 << 28, cuda, 4) == (1024, 8)
 
 
 def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):

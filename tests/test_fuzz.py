@@ -272,7 +272,7 @@ def run_case(op_inputs, dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnit
 
 # gelu -----------------------------------------------------------------------
 
-GELU_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 22) - 1, 1 << 22, (1 << 22) + 1]}  # block-size switches
+GELU_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 18) - 1, (1 << 18) + 1, (1 << 20) + 1, (1 << 22) + 1]}  # block-size switches
 
 
 @st.composite

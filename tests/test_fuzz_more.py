@@ -172,10 +172,10 @@ def _pick(draw, options):
 # Elementwise ops: copy, square, add, swiglu, geglu.
 # ---------------------------------------------------------------------------
 
-# The CPU takes one program of up to 2**16 elements, the GPU blocks of 1024
-# below 2**22 elements and 8 warps' worth from there (ops/copy_op.py:
-# elementwise_config).
-ELEMENTWISE_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 22) - 1, 1 << 22, (1 << 22) + 1]}
+# The CPU takes one program of up to 2**16 elements; on the GPU a thread takes
+# one element below 2**18 and more from there, up to its count at 2**20
+# (ops/copy_op.py: elementwise_config).
+ELEMENTWISE_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 18) - 1, (1 << 18) + 1, (1 << 20) + 1, (1 << 22) + 1]}
 BUDGET = {"cpu": 4096, "cuda": 1 << 20}  # elements of the largest ordinary example
 
 
