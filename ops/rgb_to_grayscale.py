@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ._launch import cdiv, next_power_of_2
 from ._registry import FLOAT_DTYPES, GRAD, OpSpec, check_tensor, launcher, register_formula, register_op, register_spec
-from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config
+from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config, many_inputs_per_thread
 from .square import to_compute_dtype
 
 # The weights as the kernel uses them.  Globals read by a kernel must be
@@ -112,16 +112,19 @@ def rgb_to_grayscale_backward_kernel(grad_ptr, dimg_ptr, n_pixels, blocks_per_im
     tl.store(red + 2 * n_pixels, (grad * WEIGHT_B).to(out_dtype), mask=mask)
 
 
-def _image_config(n_pixels: int, device: torch.device) -> tuple[int, int, int]:
+def _image_config(n_pixels: int, device: torch.device, per_thread: int) -> tuple[int, int, int]:
     """(BLOCK_SIZE, num_warps, blocks_per_image) for images of n_pixels.
 
-    The elementwise rule (see ``elementwise_config``), with the block no
-    larger than an image needs (the next power of two of its pixel count),
-    so that a batch of small images does not launch mostly idle lanes.
+    The elementwise rule (see ``elementwise_config``) for ``per_thread``
+    elements a thread, with the block no larger than an image needs (the
+    next power of two of its pixel count), so that a batch of small images
+    does not launch mostly idle lanes; the warps shrink with the block, so
+    that each thread keeps the count the rule gave it.
     """
-    block, warps = elementwise_config(n_pixels, device)
+    block, warps = elementwise_config(n_pixels, device, per_thread)
+    taken = max(block // (32 * warps), 1)  # elements a thread
     block = min(block, next_power_of_2(n_pixels))
-    warps = min(warps, max(block // 128, 1))  # at least 4 elements per thread
+    warps = min(warps, max(block // (32 * taken), 1))
     return block, warps, cdiv(n_pixels, block)
 
 
@@ -142,7 +145,8 @@ def _rgb_to_grayscale(img: torch.Tensor) -> torch.Tensor:
         return gray
     # (N, 3, P): a view when H and W merge into one strided dim, else a copy.
     planes = img.reshape(n_images, 3, n_pixels)
-    block, warps, blocks_per_image = _image_config(n_pixels, img.device)
+    # Three planes read: 8 bytes of each a thread, like every kernel of several inputs.
+    block, warps, blocks_per_image = _image_config(n_pixels, img.device, many_inputs_per_thread(img))
     launcher(rgb_to_grayscale_kernel, img)[(n_images * blocks_per_image,)](
         planes, gray, n_pixels, blocks_per_image, *planes.stride(), BLOCK_SIZE=block, num_warps=warps
     )
@@ -157,7 +161,7 @@ def _rgb_to_grayscale_backward(grad: torch.Tensor) -> torch.Tensor:
     if dimg.numel() == 0:
         return dimg
     grad = grad.contiguous()  # often a broadcast view (the gradient of a sum): gathered once
-    block, warps, blocks_per_image = _image_config(n_pixels, grad.device)
+    block, warps, blocks_per_image = _image_config(n_pixels, grad.device, 8)  # one input, as copy
     launcher(rgb_to_grayscale_backward_kernel, grad)[(n_images * blocks_per_image,)](
         grad, dimg, n_pixels, blocks_per_image, BLOCK_SIZE=block, num_warps=warps
     )

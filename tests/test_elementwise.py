@@ -28,6 +28,8 @@ from reference import (
 )
 
 import ops
+from ops import rgb_to_grayscale as rgb_ops
+from ops._launch import next_power_of_2
 from ops.copy_op import INTEGER_DTYPES, elementwise_config, elementwise_grid
 
 # sigmoid(x) = 1 / (1 + exp(-x)): for x below about -88, exp overflows to inf in
@@ -444,7 +446,7 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
         asked.append(per_thread)
         return elementwise_config(n, device, per_thread)
 
-    for module in ["copy_op", "square", "add", "gelu", "swiglu"]:
+    for module in ["copy_op", "square", "add", "gelu", "swiglu", "rgb_to_grayscale"]:
         monkeypatch.setattr(getattr(ops, module), "elementwise_config", spy)
     for dtype, many in [(torch.float32, 2), (torch.bfloat16, 4), (torch.float16, 4), (torch.float64, 1)]:
         x, y = torch.randn(2, 100, dtype=dtype), torch.randn(2, 100, dtype=dtype)
@@ -461,11 +463,29 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
             (lambda: tk.swiglu(x, y), many),
             (lambda: tk.geglu(x, y), many),
             (lambda: tk.swiglu_backward(x, x, y), many),
+            (lambda: tk.rgb_to_grayscale(x.reshape(2, 4, 5, 5)[:, :3]), many),  # three planes read
+            (lambda: tk.rgb_to_grayscale_backward(x), 8),  # one read, three written
         ]
         for call, expected in calls:
             asked.clear()
             call()
             assert asked == [expected], dtype
+    asked.clear()
+    tk.rgb_to_grayscale(torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8))
+    assert asked == [8]  # 8 bytes of each plane
+
+
+def test_image_launch_keeps_the_count_a_thread_on_small_images():
+    """rgb_to_grayscale's block is cut to the image (the next power of two of its
+    pixels), and its warps with it, so each thread keeps the elements the rule gave."""
+    cuda = torch.device("cuda")
+    for n_pixels, per_thread in itertools.product([1, 100, 4096, 5000, 1 << 20, 2160 * 3840], [2, 8]):
+        block, warps, blocks_per_image = rgb_ops._image_config(n_pixels, cuda, per_thread)
+        rule_block, rule_warps = elementwise_config(n_pixels, cuda, per_thread)
+        taken = rule_block // (32 * rule_warps)
+        assert block == min(rule_block, next_power_of_2(n_pixels))
+        assert block == warps * 32 * taken or (warps == 1 and block < 32 * taken)
+        assert (blocks_per_image - 1) * block < n_pixels <= blocks_per_image * block
 
 
 def test_launch_rule_refuses_a_count_a_thread_that_is_not_a_power_of_two():
