@@ -437,8 +437,9 @@ def test_launch_rule_spreads_small_tensors_over_programs():
 
 def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
     """One-input kernels take 8 elements a thread; kernels of two or more
-    inputs 8 bytes of each (4 of a 16-bit dtype, 2 of float32), except the
-    16-bit erf GELU backward: 8 (ops/copy_op.py, elementwise_config)."""
+    inputs (rgb_to_grayscale's three planes among them) 8 bytes of each (4 of
+    a 16-bit dtype, 2 of float32, 8 of uint8), except the 16-bit erf GELU
+    backward: 8 (ops/copy_op.py, elementwise_config)."""
     asked = []
     default = inspect.signature(elementwise_config).parameters["per_thread"].default
 
