@@ -113,9 +113,13 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tup
         raise ValueError(f"elementwise_config: per_thread must be a power of two, got {per_thread}")
     if device.type != "cuda":
         return min(next_power_of_2(max(n, 1)), 1 << 16), 1
-    most = max(n // (_THREADS * _MIN_PROGRAMS), 1)  # elements a thread that keep _MIN_PROGRAMS programs
-    per_thread = min(per_thread, 1 << (most.bit_length() - 1))  # both powers of two
-    return _THREADS * per_thread, _THREADS // 32
+    # Doubled while the programs stay _MIN_PROGRAMS or more.  Comparisons only: under
+    # torch.compile with dynamic shapes n is symbolic, and each one guards a threshold,
+    # where arithmetic on n would pin the compiled graph to a narrow range of sizes.
+    taken = 1
+    while taken < per_thread and n >= 2 * taken * _THREADS * _MIN_PROGRAMS:
+        taken *= 2
+    return _THREADS * taken, _THREADS // 32
 
 
 _THREADS = 256  # a program's threads (8 warps) on a GPU

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, next_power_of_2
+from ._launch import at_most, cdiv, next_power_of_2
 from ._registry import FLOAT_DTYPES, GRAD, OpSpec, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import ROUNDING_TOLERANCE, element_size, elementwise_config, many_inputs_per_thread
 from .square import to_compute_dtype
@@ -123,7 +123,7 @@ def _image_config(n_pixels: int, device: torch.device, per_thread: int) -> tuple
     """
     block, warps = elementwise_config(n_pixels, device, per_thread)
     taken = max(block // (32 * warps), 1)  # elements a thread
-    block = min(block, next_power_of_2(n_pixels))
+    block = next_power_of_2(at_most(n_pixels, block))  # at_most: one guard on a symbolic size
     warps = min(warps, max(block // (32 * taken), 1))
     return block, warps, cdiv(n_pixels, block)
 

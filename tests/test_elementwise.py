@@ -435,6 +435,30 @@ def test_launch_rule_spreads_small_tensors_over_programs():
     assert elementwise_config(1 << 28, cuda, 4) == (1024, 8)
 
 
+def test_launch_rule_guards_a_symbolic_size_only_at_its_thresholds():
+    """Under torch.compile with dynamic shapes the element count is symbolic: the
+    rule may compare it with its thresholds (one guard each) but must not pin it
+    to a narrow range, or every other size would compile again."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    cuda = torch.device("cuda")
+
+    def guards_of(rule, size, per_thread):
+        env = ShapeEnv()
+        symbolic = env.create_symintnode(env.create_symbol(size, ConstantSource("n")), hint=size)
+        # (block, warps), plain ints; rgb's third value, the grid, stays symbolic.
+        assert rule(symbolic, cuda, per_thread)[:2] == rule(size, cuda, per_thread)[:2]
+        return [str(guard.expr) for guard in env.guards]
+
+    for size, per_thread in [(1 << 28, 8), (3 << 20, 2), (70_000, 8), (5000, 2)]:
+        for rule in [elementwise_config, rgb_ops._image_config]:
+            guards = guards_of(rule, size, per_thread)
+            # A threshold reads "s0 >= 262144" (or its negation); a pin reads "Eq(...)" or
+            # compares a quotient of the size.
+            assert not any("Eq" in guard or "//" in guard for guard in guards), (rule, size, guards)
+
+
 def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
     """One-input kernels take 8 elements a thread; kernels of two or more
     inputs (rgb_to_grayscale's three planes among them) 8 bytes of each (4 of
