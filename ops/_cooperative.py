@@ -38,20 +38,41 @@ import torch
 import triton
 import triton.language as tl
 
-from ._device import resident_programs_per_sm, sm_count
+try:  # grid dependency control (Hopper and newer): see wait_for_fill
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - a Triton without it never launches a kernel to overlap the fill
+    gdc_launch_dependents = gdc_wait = None
+
+from ._device import cuda_capability, resident_programs_per_sm, sm_count
 from ._launch import cdiv, next_power_of_2
-from ._registry import launcher
+from ._registry import launcher, launching_directly
 
 UNPUBLISHED = tl.constexpr(-1)  # all 64 bits set: no partial packs to it (see pack)
 PADDING_WORD = tl.constexpr(-(1 << 55))  # 0xff800000_00000000: (-inf, 0.0), what a lane past the row reads
 
 
 @triton.jit
-def unpublish_kernel(words_ptr, n, BLOCK: tl.constexpr):
+def unpublish_kernel(words_ptr, n, BLOCK: tl.constexpr, OVERLAPPED: tl.constexpr):
     """Every word of a scratch set to UNPUBLISHED.  (A scratch has a word or two per
-    segment of 2048 elements or more: far fewer than 2**31, so int32 offsets do.)"""
+    segment of 2048 elements or more: far fewer than 2**31, so int32 offsets do.)
+    OVERLAPPED: the kernel after this one may start at once (see wait_for_fill)."""
+    if OVERLAPPED:
+        gdc_launch_dependents()
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(words_ptr + offsets, tl.full((BLOCK,), UNPUBLISHED, tl.int64), mask=offsets < n)
+
+
+@triton.jit
+def wait_for_fill(OVERLAPPED: tl.constexpr):
+    """Wait until the scratch fill launched just before this kernel has finished.
+
+    A kernel launched as a programmatic dependent of the fill (see
+    held_rows_scratch) starts while the fill still runs: what it does before
+    this call (its first loads of x) overlaps the fill and the launch gap
+    after it.  Nothing before it may touch the scratch.  Launched as usual,
+    the kernel starts after the fill and this returns at once."""
+    if OVERLAPPED:
+        gdc_wait()
 
 
 @triton.jit
@@ -155,8 +176,9 @@ def plan(n_rows: int, n_segments: int, programs: int) -> tuple[int, int] | None:
     return n_segments, cdiv(n_rows, rounds)
 
 
-def unpublished_words(like: torch.Tensor, *shape: int) -> torch.Tensor:
-    """A scratch of words of `shape`, none published yet, on `like`'s device.
+def unpublished_words(like: torch.Tensor, *shape: int, overlapped: bool = False) -> torch.Tensor:
+    """A scratch of words of `shape`, none published yet, on `like`'s device;
+    `overlapped`: the kernel launched next may start before the fill ends.
 
     Filled by a kernel of its own rather than torch.full: a body that only
     allocates and launches Triton kernels can be replayed from C++ (see
@@ -164,8 +186,36 @@ def unpublished_words(like: torch.Tensor, *shape: int) -> torch.Tensor:
     88 µs to 14 (torch.softmax: 10)."""
     words = torch.empty(shape, dtype=torch.int64, device=like.device)
     n = words.numel()
-    launcher(unpublish_kernel, like)[(cdiv(n, _FILL_BLOCK),)](words, n, BLOCK=_FILL_BLOCK)
+    launcher(unpublish_kernel, like)[(cdiv(n, _FILL_BLOCK),)](words, n, BLOCK=_FILL_BLOCK, OVERLAPPED=overlapped)
     return words
+
+
+def held_rows_scratch(like: torch.Tensor, *shape: int) -> tuple[torch.Tensor, dict]:
+    """The scratch for a kernel that holds rows across programs, and the launch
+    arguments that say how that kernel follows its fill (see wait_for_fill).
+
+    On Hopper or newer, in an eager call, the kernel is launched as the fill's
+    programmatic dependent (Triton's launch_pdl): its programs start, load
+    their first segments and only then wait for the fill, 0.7-1.5 µs sooner
+    on an H100.  Not while a CUDA graph is being captured: a graph's kernels
+    follow each other closely already, and there the edge cost 0.2-0.3 µs
+    (the native lane's replay makes the same choice; docs/perf-notes.md,
+    version 37).  torch.compile gets the plain kernel (Inductor launches it
+    as it launches any other), and Triton's interpreter has no grid
+    dependency control."""
+    overlapped = OVERLAP_FILL and overlaps_fill_on(like.device) and launching_directly()
+    overlapped = overlapped and not torch.cuda.is_current_stream_capturing()
+    words = unpublished_words(like, *shape, overlapped=overlapped)
+    return words, ({"OVERLAPPED": True, "launch_pdl": True} if overlapped else {"OVERLAPPED": False})
+
+
+OVERLAP_FILL = True  # off: every held-rows kernel starts after its fill (a switch for tests and probes)
+
+
+def overlaps_fill_on(device: torch.device) -> bool:
+    """Whether kernels on `device` can start while the kernel before them runs:
+    programmatic dependent launch, on Hopper (sm_90) or newer, with a Triton that has it."""
+    return device.type == "cuda" and gdc_wait is not None and cuda_capability(device.index)[0] >= 9
 
 
 _FILL_BLOCK = 1024

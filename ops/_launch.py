@@ -29,8 +29,11 @@ Triton binaries written in C++, the one Inductor's generated code uses
 function, its block size, shared memory and the C types of its runtime
 arguments, it launches; ``direct_launch_plan`` reads those from the compiled
 kernel.  A binary it cannot describe (scratch memory, clusters, cooperative
-or programmatic-dependent launches, an argument type it does not know), or
-a torch without that launcher, keeps Triton's.
+launches, an argument type it does not know), or a torch without that
+launcher, keeps Triton's.  A binary compiled for programmatic dependent
+launch (``launch_pdl``) is launched by Triton's launcher, which sets that
+launch attribute where PyTorch's sets none, and is described all the same,
+so that the native lane replays it with the attribute.
 """
 
 import operator
@@ -142,12 +145,13 @@ _SCRATCH = ("global_scratch_size", "profile_scratch_size")
 
 
 def direct_launch_plan(compiled, n_params: int):
-    """``(function, warps, shared, C types, pick, scratch)`` for launching ``compiled`` through PyTorch's C++
-    launcher, or None where that launcher cannot: ``pick(all_arguments)`` selects the runtime ones, in order."""
+    """``(function, warps, shared, C types, pick, scratch, overlapped)`` for launching ``compiled`` through
+    PyTorch's C++ launcher, or None where that launcher cannot: ``pick(all_arguments)`` selects the runtime
+    ones, in order; ``overlapped``: the binary is for programmatic dependent launch (see the module docstring)."""
     meta = compiled.metadata
     if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
         return None
-    if getattr(meta, "launch_pdl", False) or getattr(meta, "cluster_dims", None) not in (None, (1, 1, 1)):
+    if getattr(meta, "cluster_dims", None) not in (None, (1, 1, 1)):
         return None
     if any(getattr(meta, name, 0) for name in _SCRATCH):
         return None
@@ -173,7 +177,7 @@ def direct_launch_plan(compiled, n_params: int):
         pick = operator.itemgetter(*indices)
     else:
         pick = (lambda a, i=indices[0]: (a[i],)) if indices else (lambda a: ())
-    return compiled.function, meta.num_warps, meta.shared, types, pick, scratch
+    return compiled.function, meta.num_warps, meta.shared, types, pick, scratch, bool(getattr(meta, "launch_pdl", False))
 
 
 def _current_device() -> int:
@@ -224,17 +228,25 @@ class FastKernel:
         x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
         stream = self.current_stream(device)
         if direct is not None:
-            function, warps, shared, types, pick, scratch = direct
+            function, warps, shared, types, pick, scratch, overlapped = direct
             values = pick((*args, *tail)) + scratch
             try:
-                _launch_kernel(function, x, y, z, warps, shared, types, values, stream)
+                if overlapped:
+                    self._run(compiled, x, y, z, stream, args, tail)
+                else:
+                    _launch_kernel(function, x, y, z, warps, shared, types, values, stream)
                 current = getattr(recording, "current", None)
                 if current is not None:
-                    current.launch(compiled, function, (x, y, z), warps, shared, types, values)
+                    current.launch(compiled, function, (x, y, z), warps, shared, types, values, overlapped)
                 return compiled
             except (TypeError, ValueError, RuntimeError):  # refused: Triton's launcher from now on (its error, if any)
                 self.binaries[key] = (compiled, tail, config, None)
         spoil_recording("a launch through Triton's launcher")
+        return self._run(compiled, x, y, z, stream, args, tail)
+
+    @staticmethod
+    def _run(compiled, x, y, z, stream, args, tail):
+        """Launch through Triton's launcher, which sets the binary's launch attributes."""
         # launch metadata and the two hooks: None, they are only for launch hooks, which take Triton's path
         compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
         return compiled

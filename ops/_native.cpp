@@ -78,6 +78,7 @@ struct Launch {
   unsigned grid[3];
   unsigned threads;
   unsigned shared;
+  bool overlapped;  // a programmatic dependent of the launch before it (the binary waits where it must)
   std::vector<Param> params;
 };
 
@@ -104,12 +105,35 @@ constexpr int kMaxTries = 4;       // recordings per key that may disagree befor
 
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
+// cuLaunchKernelEx's configuration, as cuda.h (CUDA 12) lays it out: a launch
+// attribute is an id, padding to 8 bytes and a 64-byte value.
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int programmatic_stream_serialization_allowed;
+  } value;
+};
+struct LaunchConfig {
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned shared;
+  void* stream;
+  LaunchAttribute* attrs;
+  unsigned n_attrs;
+};
+constexpr int kProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+using LaunchExFn = int (*)(const LaunchConfig*, void*, void**, void**);
+using IsCapturingFn = int (*)(void*, int*);
 using CtxGetFn = int (*)(void**);
 using CtxSetFn = int (*)(void*);
 using RetainFn = int (*)(void**, int);
 
 struct Driver {
   LaunchFn launch = nullptr;
+  LaunchExFn launch_ex = nullptr;  // a driver before CUDA 12 has none: overlapped launches are then plain
+  IsCapturingFn is_capturing = nullptr;
   CtxGetFn ctx_get = nullptr;
   CtxSetFn ctx_set = nullptr;
   RetainFn retain = nullptr;
@@ -122,6 +146,8 @@ const Driver& driver() {
     if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (lib == nullptr) return found;
     found.launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+    found.launch_ex = reinterpret_cast<LaunchExFn>(dlsym(lib, "cuLaunchKernelEx"));
+    found.is_capturing = reinterpret_cast<IsCapturingFn>(dlsym(lib, "cuStreamIsCapturing"));
     found.ctx_get = reinterpret_cast<CtxGetFn>(dlsym(lib, "cuCtxGetCurrent"));
     found.ctx_set = reinterpret_cast<CtxSetFn>(dlsym(lib, "cuCtxSetCurrent"));
     found.retain = reinterpret_cast<RetainFn>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
@@ -132,6 +158,15 @@ const Driver& driver() {
 
 PyObject* launch_hook = nullptr;  // tests: called instead of the driver (owned reference)
 std::atomic<bool> enabled{true};   // off: every call goes to the Python kernel, unrecorded
+
+// Whether work on `stream` is being captured into a CUDA graph.  A graph's kernels
+// follow each other closely already: there an overlapped launch saved nothing and
+// its edge cost 0.2-0.3 µs on an H100 (docs/perf-notes.md, version 37), so it is
+// captured as a plain launch.
+bool capturing(const Driver& d, void* stream) {
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  return d.is_capturing != nullptr && d.is_capturing(stream, &status) == 0 && status != 0;
+}
 
 void launch_on_device(const Launch& l, void** params, const c10::Device& device, const char* op) {
   const Driver& d = driver();
@@ -144,8 +179,18 @@ void launch_on_device(const Launch& l, void** params, const c10::Device& device,
                 ": could not make device ", device.index(), "'s CUDA context current");
   }
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
-  int error = d.launch(reinterpret_cast<void*>(l.function), l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1,
-                       l.shared, stream, params, nullptr);
+  void* function = reinterpret_cast<void*>(l.function);
+  if (l.overlapped && d.launch_ex != nullptr && !capturing(d, stream)) {
+    // May start before the kernel ahead of it in the stream ends, as Triton's launcher starts it.
+    LaunchAttribute overlap{};
+    overlap.id = kProgrammaticStreamSerialization;
+    overlap.value.programmatic_stream_serialization_allowed = 1;
+    LaunchConfig config{{l.grid[0], l.grid[1], l.grid[2]}, {l.threads, 1, 1}, l.shared, stream, &overlap, 1};
+    int error = d.launch_ex(&config, function, params, nullptr);
+    TORCH_CHECK(error == 0, "tk.", op, ": cuLaunchKernelEx failed with CUDA error ", error);
+    return;
+  }
+  int error = d.launch(function, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.shared, stream, params, nullptr);
   TORCH_CHECK(error == 0, "tk.", op, ": cuLaunchKernel failed with CUDA error ", error);
 }
 
@@ -154,7 +199,7 @@ void launch_through_hook(const Launch& l, const std::vector<uint64_t>& slots) {
   py::list values;
   for (uint64_t v : slots) values.append(py::int_(v));
   py::handle hook(launch_hook);
-  hook(l.function, py::make_tuple(l.grid[0], l.grid[1], l.grid[2]), l.threads, l.shared, values);
+  hook(l.function, py::make_tuple(l.grid[0], l.grid[1], l.grid[2]), l.threads, l.shared, values, l.overlapped);
 }
 
 // A tensor straight from the device's allocator, as at::empty_strided makes
@@ -303,7 +348,7 @@ bool make_key(c10::ArrayRef<c10::IValue> args, c10::DeviceType device_type, bool
 // ---------------------------------------------------------------------------
 
 // (outputs: list of tensors, temps: list of byte counts,
-//  launches: list of (function, gx, gy, gz, threads, shared, [(source, index, value), ...]))
+//  launches: list of (function, gx, gy, gz, threads, shared, overlapped, [(source, index, value), ...]))
 std::shared_ptr<Plan> plan_from(py::handle description) {
   auto desc = description.cast<py::tuple>();
   auto plan = std::make_shared<Plan>();
@@ -331,7 +376,8 @@ std::shared_ptr<Plan> plan_from(py::handle description) {
     for (int i = 0; i < 3; ++i) l.grid[i] = item[1 + i].cast<unsigned>();
     l.threads = item[4].cast<unsigned>();
     l.shared = item[5].cast<unsigned>();
-    for (py::handle ph : item[6].cast<py::list>()) {
+    l.overlapped = item[6].cast<bool>();
+    for (py::handle ph : item[7].cast<py::list>()) {
       auto p = ph.cast<py::tuple>();
       l.params.push_back({static_cast<Source>(p[0].cast<int64_t>()), p[1].cast<int64_t>(), p[2].cast<int64_t>()});
     }
@@ -340,6 +386,7 @@ std::shared_ptr<Plan> plan_from(py::handle description) {
     sig.append(reinterpret_cast<const char*>(l.grid), sizeof l.grid);
     put(sig, l.threads);
     put(sig, l.shared);
+    put(sig, l.overlapped);
     for (const Param& p : l.params) {
       put(sig, p.source);
       put(sig, p.index);
@@ -873,5 +920,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats, "plans kept, replays, Python calls and autograd nodes made, per registered lane");
   m.def("clear", &clear, "forget every plan and zero the counts (after changing a rule a body follows)");
   m.def("set_enabled", [](bool on) { enabled.store(on); }, "off: every call runs the op's Python kernel");
-  m.def("set_launch_hook", &set_launch_hook, "tests: call hook(function, grid, threads, shared, args) instead");
+  m.def("set_launch_hook", &set_launch_hook, "tests: call hook(function, grid, threads, shared, args, overlapped) instead");
 }

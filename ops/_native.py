@@ -180,7 +180,7 @@ class Recording:
     """What one run of a body did, as ``_launch`` reports it."""
 
     def __init__(self):
-        self.launches = []  # (function, grid, threads, shared, [(kind, value)]) with pointers still raw
+        self.launches = []  # (function, grid, threads, shared, overlapped, [(kind, value)]) with pointers still raw
         self.allocated = {}  # storage address -> (weak reference, bytes), for storages the body allocated
         self.spoiled = None  # why the run cannot be replayed
         self.kept = {}  # function handle -> compiled kernel: its binary must stay loaded
@@ -189,7 +189,8 @@ class Recording:
         if self.spoiled is None:
             self.spoiled = reason
 
-    def launch(self, compiled, function, grid, warps, shared, types, values) -> None:
+    def launch(self, compiled, function, grid, warps, shared, types, values, overlapped=False) -> None:
+        """A launch the body made; `overlapped`: as a programmatic dependent of the launch before it."""
         params = []
         for code, value in zip(types, values):
             if code != "O":
@@ -200,7 +201,7 @@ class Recording:
                 storage = value.untyped_storage()
                 params.append(("ptr", (value.data_ptr(), storage.data_ptr())))
         self.kept[function] = compiled
-        self.launches.append((function, grid, 32 * warps, shared, params))
+        self.launches.append((function, grid, 32 * warps, shared, overlapped, params))
 
     def describe(self, args, out):
         """The description ``_native.cpp`` builds a plan from, or None if this run cannot be replayed."""
@@ -216,7 +217,7 @@ class Recording:
         sources = [(_OUTPUT, j, o) for j, o in enumerate(outputs)] + [(_INPUT, i, a) for i, a in tensors.items()]
         storages = {t.untyped_storage().data_ptr(): (kind, index, t.data_ptr()) for kind, index, t in reversed(sources)}
         temps, launches = {}, []
-        for function, grid, threads, shared, params in self.launches:
+        for function, grid, threads, shared, overlapped, params in self.launches:
             described = []
             for kind, value in params:
                 if kind != "ptr":
@@ -231,7 +232,7 @@ class Recording:
                 else:
                     return None  # a buffer that outlives the call (a cache): not replayed
                 described.append((source, index, address - base))
-            launches.append((function, *grid, threads, shared, described))
+            launches.append((function, *grid, threads, shared, overlapped, described))
         temp_bytes = [0] * len(temps)
         for storage, index in temps.items():
             temp_bytes[index] = self.allocated[storage][1]

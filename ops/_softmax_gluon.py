@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
 # tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
 # imports this module after defining them.
-from ._cooperative import pack, poll, publish, unpack
+from ._cooperative import pack, poll, publish, unpack, wait_for_fill
 from .softmax import _block_max_exp, _combine_partials, _finite_or_zero, _rescale
 
 _max_exp = gluon.jit(_block_max_exp.fn)
@@ -47,6 +47,7 @@ _unpack_word = gluon.jit(unpack.fn)
 _publish_word = gluon.jit(publish.fn)
 _poll_words = gluon.jit(poll.fn)
 _shift = gluon.jit(_finite_or_zero.fn)
+_wait_for_fill = gluon.jit(wait_for_fill.fn)
 
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
 _async_load = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
@@ -95,6 +96,7 @@ def _partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr, SEGMEN
 def softmax_forward_staged_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
     SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr,
+    OVERLAPPED: gl.constexpr,
 ):
     """Rows held on chip across programs, the next STAGES - 1 rounds' segments staged in shared memory.
 
@@ -112,6 +114,7 @@ def softmax_forward_staged_kernel(
     cols = segment * SEGMENT + gl.arange(0, SEGMENT, layout=layout)
     for early in gl.static_range(STAGES - 1):
         _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
+    _wait_for_fill(OVERLAPPED)
     for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         # The stage refilled now was read into registers a round ago, by every warp once all pass here.
@@ -203,6 +206,7 @@ def _chunked_partials_here(x_ptr, row, n_cols, n_segments, SEGMENT: gl.constexpr
 def softmax_forward_staged_ahead_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, n_segments, rows_at_once, max_spins,
     SEGMENT: gl.constexpr, SEGMENTS_BLOCK: gl.constexpr, STAGES: gl.constexpr, VEC: gl.constexpr,
+    OVERLAPPED: gl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead; segments in shared memory.
 
@@ -223,6 +227,7 @@ def softmax_forward_staged_ahead_kernel(
         _copy_segment_in(stages.index(early), x_ptr, first_row + early * rows_at_once, n_rows, n_cols, cols)
     cp.wait_group(STAGES - 1)  # the first row's copy has landed
     seg_max, seg_sum = _segment_max_sum(stages.index(0), x_ptr, segment, n_cols, SEGMENT, CHUNK, layout)
+    _wait_for_fill(OVERLAPPED)
     _publish_word(words_ptr, first_row.to(gl.int64) * n_segments + segment, _pack_word(seg_max, seg_sum))
     for round in range(0, gl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once

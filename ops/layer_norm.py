@@ -75,6 +75,7 @@ import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
 from ._cooperative import (
+    held_rows_scratch,
     pack,
     plan,
     poll,
@@ -83,7 +84,7 @@ from ._cooperative import (
     publish,
     register_capped,
     unpack,
-    unpublished_words,
+    wait_for_fill,
     words_block,
 )
 from ._device import kind as _kind, sm_count as _sm_count
@@ -565,9 +566,11 @@ def _segment_moments(x_stored, dy_stored, w_ptr, segment, cols, n_cols, SEGMENT:
 
 @triton.jit
 def _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
-                     SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
-    """Load `row`'s segment of x and dy, publish its two words (nothing past the last row); x and dy as stored."""
+                     SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr, OVERLAPPED: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of x and dy, publish its two words (nothing past the last row); x and dy as stored.
+    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+    wait_for_fill(OVERLAPPED)
     if row < n_rows:
         mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
         base = row * (2 * n_segments)
@@ -603,7 +606,7 @@ def layer_norm_backward_held_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, words_ptr, n_rows, n_cols, eps,
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):  # fmt: skip
     """Layer norm's long rows held on chip across programs, as RMS norm's
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
@@ -619,11 +622,11 @@ def layer_norm_backward_held_kernel(
     dw_acc = _zeros_1d(x_ptr, SEGMENT)
     db_acc = _zeros_1d(x_ptr, SEGMENT)
     x_stored, dy_stored = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
-                                           n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+                                           n_segments, SEGMENT, HAS_WEIGHT, OVERLAPPED)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
-                                           n_cols, n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+                                           n_cols, n_segments, SEGMENT, HAS_WEIGHT, False)  # fmt: skip
         base = words_ptr + row * (2 * n_segments)
         words_x, x_published = poll(base + segments, inside, max_spins)
         words_g, g_published = poll(base + n_segments + segments, inside, max_spins)
@@ -978,11 +981,11 @@ def normalize_backward(
     elif (held := _held_plan(kernels, n_rows, n_cols, col_multiple, widest, x.device)):
         setup, segment, n_segments, rows_at_once = held
         dw_partial, db_partial = _partials(rows_at_once, n_cols, x, dx, weight_grad, bias_grad)
-        words = unpublished_words(x, n_rows, kernels.held_words * n_segments)
+        words, overlap = held_rows_scratch(x, n_rows, kernels.held_words * n_segments)
         kernel = register_capped(kernels.backward_held, setup.warps, setup.registers)
         _launch(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
-            n_segments, rows_at_once, _MAX_SPINS[kind], **flags,
+            n_segments, rows_at_once, _MAX_SPINS[kind], **flags, **overlap,
             SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments),
         )  # fmt: skip
     else:

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._alignment import known_multiple
-from ._cooperative import pack, partial_at, program_segment, publish, row_words, unpack
+from ._cooperative import pack, partial_at, program_segment, publish, row_words, unpack, wait_for_fill
 from ._registry import (
     FLOAT32_RESULT,
     GRAD,
@@ -148,9 +148,11 @@ def _segment_sums(x_stored, dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.const
 
 @triton.jit
 def _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
-                  HAS_WEIGHT: tl.constexpr):  # fmt: skip
-    """Load `row`'s segment of x and dy, publish its partial (nothing past the last row); x and dy as stored."""
+                  HAS_WEIGHT: tl.constexpr, OVERLAPPED: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of x and dy, publish its partial (nothing past the last row); x and dy as stored.
+    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
+    wait_for_fill(OVERLAPPED)
     if row < n_rows:
         sum_xx, sum_xg = _segment_sums(x, dy, w_ptr, cols, n_cols, HAS_WEIGHT)
         publish(words_ptr, partial_at(row, segment, n_segments), pack(sum_xx, sum_xg))
@@ -179,7 +181,7 @@ def rms_norm_backward_held_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, words_ptr, n_rows, n_cols, eps,
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):  # fmt: skip
     """Long rows held on chip across programs, publishing a round ahead: the next
     row's partial goes out before the wait for this row's words, then dx is
@@ -192,11 +194,11 @@ def rms_norm_backward_held_kernel(
     inside = tl.arange(0, SEGMENTS_BLOCK) < n_segments  # lanes past the row read as padding words
     dw_acc = _zeros_1d(x_ptr, SEGMENT)
     x_stored, dy_stored = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
-                                        n_segments, HAS_WEIGHT)  # fmt: skip
+                                        n_segments, HAS_WEIGHT, OVERLAPPED)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         x_next, dy_next = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
-                                        n_cols, n_segments, HAS_WEIGHT)  # fmt: skip
+                                        n_cols, n_segments, HAS_WEIGHT, False)  # fmt: skip
         words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             sums_xx, sums_xg = unpack(words)

@@ -61,7 +61,8 @@ from ._cooperative import (
     register_capped,
     row_words,
     unpack,
-    unpublished_words,
+    held_rows_scratch,
+    wait_for_fill,
     words_block,
 )
 from ._device import cuda_capability, kind as _kind, sm_count as _sm_count
@@ -462,6 +463,7 @@ def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner
 def softmax_forward_cooperative_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    OVERLAPPED: tl.constexpr,
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y.
 
@@ -473,6 +475,7 @@ def softmax_forward_cooperative_kernel(
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
+    wait_for_fill(OVERLAPPED)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
@@ -489,9 +492,11 @@ def softmax_forward_cooperative_kernel(
 
 
 @triton.jit
-def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments):
-    """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max and exp(x - max)."""
+def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, OVERLAPPED: tl.constexpr):
+    """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max and exp(x - max).
+    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     seg_max, numerator = _block_max_exp(_load_x(x_ptr, row, n_rows, cols, n_cols, inner))
+    wait_for_fill(OVERLAPPED)
     if row < n_rows:
         publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, tl.sum(numerator, axis=0)))
     return seg_max, numerator
@@ -500,7 +505,7 @@ def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner
 @triton.jit
 def softmax_forward_lagged_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead: the next
     row's (max, sum) goes out before the wait for this row's words.
@@ -513,11 +518,13 @@ def softmax_forward_lagged_kernel(
     columns (16-bit rows: see _COOPERATIVE_FORWARD)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments)
+    seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments,
+                                          OVERLAPPED)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        next_max, next_numerator = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments)
+        next_max, next_numerator = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner,
+                                                    n_segments, False)  # fmt: skip
         _write_held_segment(x_ptr, y_ptr, words_ptr, _row_start(row, n_cols, inner), row, cols, n_cols, inner, n_segments,
                             max_spins, seg_max, numerator, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
         seg_max, numerator = next_max, next_numerator
@@ -551,9 +558,12 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
 
 
 @triton.jit
-def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr):
-    """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y."""
+def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr,
+                 OVERLAPPED: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y.
+    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
+    wait_for_fill(OVERLAPPED)
     if row < n_rows:
         publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
     return dy, y
@@ -563,18 +573,20 @@ def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, i
 def softmax_backward_lagged_kernel(
     dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    OVERLAPPED: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead (see
     softmax_forward_lagged_kernel): the next row's sum(dy * y) goes out
     before the wait for this row's words, then dx is written."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT)
+    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT,
+                         OVERLAPPED)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
         dy_next, y_next = _publish_dot(dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments,
-                                       NATIVE_16BIT)  # fmt: skip
+                                       NATIVE_16BIT, False)  # fmt: skip
         words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             _, part_dot = unpack(words)
@@ -827,9 +839,10 @@ def _run_cooperative(setup: _Cooperative, plan, tensors, n_cols, inner, **flags)
     n_segments, rows_at_once = plan
     if not setup.lagged:
         flags["LOAD_NEXT"] = _next_load(n_segments)
+    words, overlap = held_rows_scratch(like, n_rows, n_segments)
     launcher(setup.kernel, like)[(rows_at_once * n_segments,)](
-        *tensors, unpublished_words(like, n_rows, n_segments), n_rows, n_cols, inner, n_segments, rows_at_once,
-        _MAX_SPINS[kind], SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=words_block(setup.warps, n_segments), **flags,
+        *tensors, words, n_rows, n_cols, inner, n_segments, rows_at_once, _MAX_SPINS[kind],
+        SEGMENT=_segment_len(setup, kind), SEGMENTS_BLOCK=words_block(setup.warps, n_segments), **flags, **overlap,
     )
 
 
@@ -860,10 +873,11 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     x, y = tensors
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
+    words, overlap = held_rows_scratch(y, n_rows, n_segments)
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
-        x, y, unpublished_words(y, n_rows, n_segments), n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
+        x, y, words, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), STAGES=setup.stages,
-        VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers,
+        VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers, **overlap,
     )
 
 

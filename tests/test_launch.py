@@ -64,8 +64,8 @@ def _compiled(signature, constants, **meta):
 def test_direct_launch_plan_passes_the_runtime_arguments_with_their_c_types():
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp32", "n": "i32", "stride": "i64", "eps": "fp32", "one": "i32", "BLOCK": "constexpr"}
     compiled = _compiled(signature, {(5,): 1, (6,): 128})  # `one` was 1, folded into the binary like BLOCK
-    function, warps, shared, types, pick, scratch = direct_launch_plan(compiled, len(signature))
-    assert (function, warps, shared) == (1234, 4, 1024)
+    function, warps, shared, types, pick, scratch, overlapped = direct_launch_plan(compiled, len(signature))
+    assert (function, warps, shared, overlapped) == (1234, 4, 1024, False)
     assert types == "OOilfOO" and scratch == (None, None)  # two null scratch buffers close the list
     x, y = torch.empty(2), torch.empty(2)
     assert pick((x, y, 10, 20, 0.5, 1, 128)) == (x, y, 10, 20, 0.5)
@@ -74,11 +74,11 @@ def test_direct_launch_plan_passes_the_runtime_arguments_with_their_c_types():
     assert direct_launch_plan(_compiled({"B": "constexpr"}, {(0,): 8}), 1)[4]((8,)) == ()
 
 
-def _remembered_gelu_binary(monkeypatch, launches):
-    """A FastKernel for the gelu kernel holding one remembered binary (a stand-in with gelu's signature),
-    on a pretend current device 0, with PyTorch's C++ launcher replaced by ``launches``."""
+def _remembered_gelu_binary(monkeypatch, launches, **meta):
+    """A FastKernel for the gelu kernel holding one remembered binary (a stand-in with gelu's signature
+    and metadata `meta`), on a pretend current device 0, with PyTorch's C++ launcher replaced by ``launches``."""
     signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_elements": "i32", "APPROXIMATE_TANH": "constexpr", "BLOCK_SIZE": "constexpr"}
-    compiled = _compiled(signature, {(3,): True, (4,): 1024})
+    compiled = _compiled(signature, {(3,): True, (4,): 1024}, **meta)
     compiled.triton_runs = []
     compiled.run = lambda *launch: compiled.triton_runs.append(launch)
     compiled.packed_metadata = "packed"
@@ -100,6 +100,21 @@ def test_a_remembered_binary_launches_through_the_cpp_launcher(monkeypatch):
     (function, x, y, z, warps, shared, types, passed, stream), = calls
     assert (function, (x, y, z), warps, shared, types, stream) == (1234, (3, 1, 1), 4, 1024, "OOiOO", 77)
     assert passed == (*args, None, None) and not compiled.triton_runs
+
+
+def test_a_programmatic_dependent_binary_launches_through_triton_and_is_recorded_as_one(monkeypatch):
+    """PyTorch's launcher sets no launch attributes, so a binary built with launch_pdl goes through
+    Triton's, which sets it; the native lane's recorder still gets the launch, marked overlapped."""
+    calls, recorded = [], []
+    fast, compiled, key, args, kwargs = _remembered_gelu_binary(monkeypatch, lambda *launch: calls.append(launch),
+                                                                launch_pdl=True)  # fmt: skip
+    assert fast.binaries[key][3][-1] is True
+    recorder = SimpleNamespace(launch=lambda *launch: recorded.append(launch))
+    monkeypatch.setattr(_launch.recording, "current", recorder, raising=False)
+    assert fast[(3,)](*args, **kwargs) is compiled
+    assert not calls and compiled.triton_runs == [(3, 1, 1, 77, 1234, "packed", None, None, None, *args, True, 1024)]
+    (_, function, grid, warps, shared, types, values, overlapped), = recorded
+    assert (function, grid, types, values, overlapped) == (1234, (3, 1, 1), "OOiOO", (*args, None, None), True)
 
 
 def test_a_binary_the_cpp_launcher_refuses_goes_back_to_tritons_launcher(monkeypatch):
@@ -124,7 +139,6 @@ def test_a_binary_the_cpp_launcher_refuses_goes_back_to_tritons_launcher(monkeyp
         ({"x_ptr": "*fp16"}, {"launch_cooperative_grid": True}),
         ({"x_ptr": "*fp16"}, {"num_ctas": 2}),
         ({"x_ptr": "*fp16"}, {"cluster_dims": (2, 1, 1)}),
-        ({"x_ptr": "*fp16"}, {"launch_pdl": True}),
         ({"desc": "nvTmaDesc"}, {}),  # an argument type the C++ launcher does not take
     ],
 )

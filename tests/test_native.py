@@ -49,8 +49,12 @@ def _float(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
-def _kernel(function, grid, threads, shared, slots):
+hooked_launches = []  # (function, overlapped) of each launch the replay made through the hook
+
+
+def _kernel(function, grid, threads, shared, slots, overlapped=False):
     """What a launch does, given its argument slots as the C++ side fills them."""
+    hooked_launches.append((function, overlapped))
     if function == _TWICE:
         x, tmp, y, n, scale = slots
         n = n & 0xFFFFFFFF
@@ -64,7 +68,7 @@ def _kernel(function, grid, threads, shared, slots):
         raise AssertionError(f"unknown function {function}")
 
 
-def _launch_now(function, values, types):
+def _launch_now(function, values, types, overlapped=False):
     """Run the kernel on the live tensors, and report it as FastKernel reports a direct launch."""
     slots = []
     for code, v in zip(types, values):
@@ -72,7 +76,7 @@ def _launch_now(function, values, types):
     _kernel(function, (1, 1, 1), 32, 0, slots)
     current = getattr(_launch.recording, "current", None)
     if current is not None:
-        current.launch(None, function, (1, 1, 1), 1, 0, types, values)
+        current.launch(None, function, (1, 1, 1), 1, 0, types, values, overlapped)
 
 
 class Body:
@@ -83,6 +87,7 @@ class Body:
         self.extra_op = False  # call a PyTorch op that computes (not replayable)
         self.keep = False  # keep the temporary between calls, a cache (a persistent buffer: not replayable)
         self.cache = None
+        self.overlapped = False  # report the launch as a programmatic dependent of the one before it
 
     def __call__(self, x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
         self.calls += 1
@@ -96,7 +101,7 @@ class Body:
         if self.extra_op:
             x = x + 0
         if x.numel():
-            _launch_now(_TWICE, (x, tmp, y, x.numel(), scale), "OOOif")
+            _launch_now(_TWICE, (x, tmp, y, x.numel(), scale), "OOOif", self.overlapped)
         return y
 
 
@@ -179,7 +184,7 @@ def hooked():
     """The lane launches through the numpy kernel; plans start empty, the body's switches off."""
     native.set_launch_hook(_kernel)
     native.clear()
-    body.extra_op, body.cache, body.keep = False, None, False
+    body.extra_op, body.cache, body.keep, body.overlapped = False, None, False, False
     yield
     native.set_launch_hook(None)
     native.clear()
@@ -200,6 +205,21 @@ def test_two_agreeing_recordings_make_a_plan_that_replays_from_cpp(hooked):
         # Calls 1 and 2 run the body (recording); from call 3 on, C++ replays without it.
         assert body.calls - before == (1 if call < 2 else 0)
     assert _counts() == (3, 2)
+
+
+@needs_native
+def test_a_launch_recorded_as_overlapped_replays_as_one(hooked):
+    """A launch FastKernel reports as a programmatic dependent (a binary built with launch_pdl)
+    is replayed with that attribute, and a plain one without it: each is its own plan."""
+    x = torch.randn(100)
+    for overlapped in (True, False):
+        body.overlapped = overlapped
+        native.clear()
+        for _ in range(3):
+            torch.testing.assert_close(torch.ops.tk_test.twice(x), 2 * x, rtol=0, atol=0)
+        hooked_launches.clear()
+        torch.testing.assert_close(torch.ops.tk_test.twice(x), 2 * x, rtol=0, atol=0)
+        assert hooked_launches == [(_TWICE, overlapped)]
 
 
 @needs_native
@@ -580,11 +600,15 @@ def test_small_calls_of_the_common_ops_are_replayed_from_cpp():
 
 
 @pytest.mark.gpu
-def test_softmax_rows_held_across_programs_are_replayed_from_cpp():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_softmax_rows_held_across_programs_are_replayed_from_cpp(dtype):
     """The cooperative softmax allocates its scratch and fills it with a kernel (not
     torch.full, which would keep every call in Python): its calls replay, with the
-    Python path's bits, forward and backward."""
-    x = torch.randn(8, 65536, device="cuda", dtype=torch.bfloat16)
+    Python path's bits, forward and backward, also inside a CUDA graph.  On Hopper the
+    replay launches the kernel as a programmatic dependent of the fill, and the fill as usual."""
+    from ops._cooperative import overlaps_fill_on
+
+    x = torch.randn(8, 65536, device="cuda", dtype=dtype)
     y = torch.softmax(x.float(), -1).to(x.dtype)
     for op, args in ((torch.ops.tk.softmax, (x, -1)), (torch.ops.tk.softmax_backward, (torch.randn_like(x), y, -1))):
         with _PythonPath():
@@ -594,6 +618,20 @@ def test_softmax_rows_held_across_programs_are_replayed_from_cpp():
             got = op(*args)
         assert sum(s["replays"] for s in _native.stats().values()) > before, op
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = op(*args)
+        captured.zero_()
+        graph.replay()
+        torch.testing.assert_close(captured, expected, rtol=0, atol=0)
+        launches = []
+        native_module = _native.module()
+        native_module.set_launch_hook(lambda *launch: launches.append(launch[-1]))
+        try:
+            op(*args)  # through the hook: no kernel runs
+        finally:
+            native_module.set_launch_hook(None)
+        assert launches == [False, overlaps_fill_on(x.device)], op  # the fill, then the kernel
 
 
 # Ops whose backward is a declared formula (register_formula): a call that needs

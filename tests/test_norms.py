@@ -640,7 +640,7 @@ def _held_twice(op, x, grad, weight):
         norm_ops.launcher(kernel, x)[(rows_at_once * n_segments,)](
             grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
             HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
-            SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1,
+            SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
         )  # fmt: skip
         results.append((dx, dw_partial))
     return results, words
@@ -732,7 +732,7 @@ def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments, rows not cut evenly by
     rounds, both setups of RMS norm, against float64; and a run in which no program waits (each
     computes its rows' partials itself) gives the same bits as the run in which they read each
-    other's words."""
+    other's words, as does a run in which the kernel starts only after its scratch fill ends."""
     tk_fn, torch_fn = HELD_OPS[op]
     for n_rows, n_cols in [(1000, 20001), (40, 70001)] if op == "rms_norm" else [(1000, 20000)]:
         x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
@@ -750,6 +750,10 @@ def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
         alone = _backward(op, grad, x, weight, bias)
         monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 1 << 16)
         assert all(torch.equal(a, b) for a, b in zip(alone, grads))
+        monkeypatch.setattr(ops._cooperative, "OVERLAP_FILL", False)
+        after_fill = _backward(op, grad, x, weight, bias)
+        monkeypatch.setattr(ops._cooperative, "OVERLAP_FILL", True)
+        assert all(torch.equal(a, b) for a, b in zip(after_fill, grads))
 
 
 @pytest.mark.parametrize("sms", [0, 132])

@@ -5,6 +5,7 @@ sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -545,7 +546,8 @@ def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
         tensors[-1].fill_(float("nan"))
         softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
             *tensors, words, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), **flags,
+            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), OVERLAPPED=False,
+            **flags,
         )
         outputs.append(tensors[-1].clone())
         published = words.clone() if published is None else published
@@ -686,6 +688,10 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
             patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
             assert torch.equal(torch.ops.tk.softmax(x, dim), y)
             assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
+        with monkeypatch.context() as patch:  # each kernel starts after its scratch fill ends
+            patch.setattr(cooperative, "OVERLAP_FILL", False)
+            assert torch.equal(torch.ops.tk.softmax(x, dim), y)
+            assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
         if design == "cooperative":  # the one kernel with a choice of where the next round's loads go
             for segments in (0, 1 << 30):  # issued at the other place: same bits
                 with monkeypatch.context() as patch:
@@ -787,14 +793,28 @@ def test_softmax_staged_forward_compiles_for_hopper():
         kernel = setup.kernel
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr="*bf16", y_ptr=f"*{y_dtype}", words_ptr="*i64")
-        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
-                         STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8)  # fmt: skip
-        signature.update({name: "constexpr" for name in constants})
-        aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
-        compiled = _build_for_hopper(GluonASTSource(kernel, signature, constants, aligned), setup)
-        assert "cp.async" in compiled.asm["ptx"]
-        assert setup.shared <= compiled.metadata.shared <= setup.shared + 1024
-        _assert_publishes_without_release(compiled.asm["ptx"])
+        for overlapped in (False, True):
+            constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
+                             STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8, OVERLAPPED=overlapped)  # fmt: skip
+            signature.update({name: "constexpr" for name in constants})
+            aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
+            compiled = _build_for_hopper(GluonASTSource(kernel, signature, constants, aligned), setup)
+            assert "cp.async" in compiled.asm["ptx"]
+            assert setup.shared <= compiled.metadata.shared <= setup.shared + 1024
+            _assert_publishes_without_release(compiled.asm["ptx"])
+            _assert_waits_for_the_fill_before_the_scratch(compiled.asm["ptx"], overlapped, first_load="cp.async")
+
+
+def _assert_waits_for_the_fill_before_the_scratch(ptx, overlapped, first_load="ld.global"):
+    """Launched to overlap its scratch fill (OVERLAPPED), a kernel waits for the fill once,
+    after it has issued its first loads of the row and before its first publish; otherwise
+    it has no wait at all."""
+    waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", ptx)]
+    if not overlapped:
+        assert waits == []
+        return
+    assert len(waits) == 1, waits
+    assert ptx.index(first_load) < waits[0] < ptx.index("atom.global")
 
 
 def _assert_publishes_without_release(ptx):
@@ -818,13 +838,45 @@ def test_softmax_cooperative_kernels_publish_without_release(direction, element_
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update({name: "*bf16" if element_size == 2 else "*fp32" for name in pointers}, words_ptr="*i64")
-    constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8))
-    if not setup.lagged:
-        constants["LOAD_NEXT"] = "during_wait"
-    if direction == "backward":
-        constants["NATIVE_16BIT"] = True
-    signature.update({name: "constexpr" for name in constants})
-    _assert_publishes_without_release(_build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"])
+    for overlapped in (False, True):
+        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8), OVERLAPPED=overlapped)
+        if not setup.lagged:
+            constants["LOAD_NEXT"] = "during_wait"
+        if direction == "backward":
+            constants["NATIVE_16BIT"] = True
+        signature.update({name: "constexpr" for name in constants})
+        ptx = _build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
+        _assert_publishes_without_release(ptx)
+        _assert_waits_for_the_fill_before_the_scratch(ptx, overlapped)
+
+
+def test_the_scratch_fill_lets_the_next_kernel_start_and_the_held_norm_kernels_wait_for_it():
+    """Built for sm_90 (no GPU needed): the fill, launched before a kernel that overlaps it,
+    lets that kernel start at once; the norms' held backwards wait for it after their first
+    loads and before their first publish, as the softmax kernels do."""
+    from triton.compiler import ASTSource
+
+    from ops.layer_norm import LAYER_NORM_KERNELS
+    from ops.rms_norm import RMS_NORM_KERNELS
+
+    fill = cooperative.unpublish_kernel
+    for overlapped in (False, True):
+        signature = {"words_ptr": "*i64", "n": "i32", "BLOCK": "constexpr", "OVERLAPPED": "constexpr"}
+        source = ASTSource(fill, signature, {"BLOCK": 1024, "OVERLAPPED": overlapped})
+        ptx = _build_for_hopper(source, SimpleNamespace(warps=4, registers=255)).asm["ptx"]
+        starts = [m.start() for m in re.finditer(r"griddepcontrol\.launch_dependents", ptx)]
+        assert len(starts) == overlapped and all(at < ptx.index("st.global") for at in starts)
+        for kernels in (RMS_NORM_KERNELS, LAYER_NORM_KERNELS):
+            setup = kernels.held_setups[2][0]
+            kernel = kernels.backward_held
+            signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+            signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
+            constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=True, SEGMENT=setup.segment,
+                             SEGMENTS_BLOCK=words_block(setup.warps, 8), COL_MULTIPLE=16, OVERLAPPED=overlapped)  # fmt: skip
+            signature.update({name: "constexpr" for name in constants})
+            ptx = _build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
+            _assert_publishes_without_release(ptx)
+            _assert_waits_for_the_fill_before_the_scratch(ptx, overlapped)
 
 
 @pytest.mark.gpu
