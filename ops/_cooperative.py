@@ -203,7 +203,7 @@ def held_rows_scratch(like: torch.Tensor, *shape: int) -> tuple[torch.Tensor, di
     version 37).  torch.compile gets the plain kernel (Inductor launches it
     as it launches any other), and Triton's interpreter has no grid
     dependency control."""
-    overlapped = OVERLAP_FILL and overlaps_fill_on(like.device) and launching_directly()
+    overlapped = OVERLAP_FILL and launching_directly() and overlaps_fill_on(like.device)  # (traced: no device query)
     overlapped = overlapped and not torch.cuda.is_current_stream_capturing()
     words = unpublished_words(like, *shape, overlapped=overlapped)
     return words, ({"OVERLAPPED": True, "launch_pdl": True} if overlapped else {"OVERLAPPED": False})
