@@ -256,9 +256,32 @@ def _time(cases: list[Case], args, settings: Settings, progress) -> None:
     # without host overhead (a variant with a slow host path is small too).
     # "Small" is the fastest variant's median, so one slow variant does not decide.
     if settings.cudagraph and device.type == "cuda" and timed and min(c.samples.median for c in timed) < CUDAGRAPH_BELOW_MS:
-        for case in timed:
-            progress(f"{case.variant.name}: CUDA-graph replay", True)
-            case.record["cudagraph_ms"] = timing.bench_cudagraph(case.fn, args, rep_ms=max(settings.rep_ms / 2, 10))
+        _time_graphs(timed, args, settings, progress)
+
+
+def _time_graphs(cases: list[Case], args, settings: Settings, progress) -> None:
+    """Each variant's CUDA-graph replay time: the median of its replays over interleaved rounds,
+    as for the medians, so that a disturbance of the GPU during one variant's turn (a clock
+    change, another process) does not decide its figure.  A variant that cannot be captured
+    (a host sync) or fails while replaying gets none; the others keep theirs."""
+    graphed = {id(case): timing.Samples() for case in cases}  # the variants still captured, by identity
+    rep_ms = max(settings.rep_ms / 2, 10) / settings.rounds
+    for r in range(settings.rounds):
+        for case in cases:
+            if id(case) not in graphed:
+                continue
+            progress(f"{case.variant.name}: CUDA-graph replay, round {r + 1}/{settings.rounds}", True)
+            try:
+                times = timing.cudagraph_times(case.fn, args, rep_ms=rep_ms)
+            except Exception:  # noqa: BLE001 - a replay that fails (out of memory) costs this variant its graph time only
+                times = None
+                _free(settings.device)
+            if times is None:
+                del graphed[id(case)]
+            else:
+                graphed[id(case)].add(times)
+    for case in cases:
+        case.record["cudagraph_ms"] = graphed[id(case)].median if id(case) in graphed else None
 
 
 def derive(records: list[dict], bound: str, limit: float | None) -> None:

@@ -5,7 +5,7 @@ cache flushed (a 256 MB buffer zeroed) before every repetition, warm-up
 first.  Its figure includes the host time to launch the call, which is what
 a user pays for a small tensor.  For calls under 250 µs
 (``runner.CUDAGRAPH_BELOW_MS``) we also give the CUDA-graph replay time,
-the time without launch overhead.  A graph replays too fast for
+the time without launch overhead, pooled over interleaved rounds too.  A graph replays too fast for
 an L2 flush between calls, so the graph calls the op in turn on *copies* of
 its inputs, enough of them to fill twice the L2 cache: each call then reads
 its inputs from DRAM, as after a flush.  (Without that, a 32 MB weight read by
@@ -29,7 +29,7 @@ import torch
 
 CUDA_METHOD = (
     "triton.testing.do_bench (CUDA events, L2 flushed before each repetition), pooled over interleaved rounds;"
-    " calls under 250 µs also as CUDA-graph replays over rotating copies of the inputs (cold L2)"
+    " calls under 250 µs also as CUDA-graph replays over rotating copies of the inputs (cold L2), in the same rounds"
 )
 GRAPH_MAX_COPIES = 256  # inputs under (2 x L2) / 256, about 400 KB on an H100, stay partly in L2
 GRAPH_CALLS = 100  # calls per graph at least: a replay's own launch (10-30 µs) is shared by them all
@@ -118,7 +118,16 @@ def _copy_set(args: tuple) -> tuple:
 def bench_cudagraph(
     fn: Callable, args: tuple, rep_ms: float, max_copies: int = GRAPH_MAX_COPIES, max_replays: int = 1000
 ) -> float | None:
-    """Median CUDA-graph replay time per call in ms, inputs cold; None when the call cannot be captured.
+    """Median CUDA-graph replay time per call in ms, inputs cold; None when the call cannot be captured."""
+    times = cudagraph_times(fn, args, rep_ms, max_copies, max_replays)
+    return None if times is None else statistics.median(times)
+
+
+def cudagraph_times(
+    fn: Callable, args: tuple, rep_ms: float, max_copies: int = GRAPH_MAX_COPIES, max_replays: int = 1000
+) -> list[float] | None:
+    """CUDA-graph replay times per call in ms, inputs cold, for about ``rep_ms`` (at least 5
+    replays); None when the call cannot be captured.
 
     One graph calls ``fn`` on the sets of ``rotating_copies`` in turn, at least
     ``GRAPH_CALLS`` times; the replays are timed with CUDA events and their
@@ -143,7 +152,7 @@ def bench_cudagraph(
         elapsed = start.elapsed_time(end)
         times.append(elapsed / len(calls))
         spent += elapsed
-    return statistics.median(times)
+    return times
 
 
 def _capture(fn: Callable, calls: list[tuple]) -> torch.cuda.CUDAGraph:

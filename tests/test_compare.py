@@ -503,3 +503,30 @@ def test_overhead_reports_a_failing_backward_and_keeps_the_rest(monkeypatch):
     row = overhead.measure(spec, torch.device("cpu"), torch.float32, calls=1)
     assert row["tk µs"] > 0 and row["eager +backward µs"] is None
     assert row["note"] == "backward failed: RuntimeError: a broken formula"
+
+
+def test_cuda_graph_times_are_pooled_over_interleaved_rounds(monkeypatch):
+    """Each variant's CUDA-graph figure is the median of its replays over every round, taken in
+    turn with the other variants; one that cannot be captured, or fails while replaying, gets
+    none and is not tried again, and the others keep theirs."""
+    turns = []
+    per_round = {"a": [[1.0, 1.0], [5.0, 5.0], [1.2, 1.2]], "b": [[2.0], [2.0], [2.0]]}
+
+    def fake_times(fn, args, rep_ms):
+        name = fn()
+        turns.append(name)
+        if name == "no capture":
+            return None
+        if name == "fails":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return per_round[name][sum(t == name for t in turns) - 1]
+
+    monkeypatch.setattr(timing, "cudagraph_times", fake_times)
+    names = ["a", "no capture", "fails", "b"]
+    cases = [runner.Case(variant=None, record={}, fn=lambda name=name: name) for name in names]
+    for case, name in zip(cases, names):
+        case.variant = dataclasses.make_dataclass("V", ["name"])(name)
+    runner._time_graphs(cases, (), runner.Settings(device=torch.device("cpu"), rep_ms=40, rounds=3), lambda *a: None)
+    assert turns == ["a", "no capture", "fails", "b", "a", "b", "a", "b"]
+    graph = {name: case.record["cudagraph_ms"] for name, case in zip(names, cases)}
+    assert graph == {"a": 1.2, "no capture": None, "fails": None, "b": 2.0}  # a: the 5.0 round does not decide
