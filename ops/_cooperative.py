@@ -203,13 +203,20 @@ def held_rows_scratch(like: torch.Tensor, *shape: int) -> tuple[torch.Tensor, di
     version 37).  torch.compile gets the plain kernel (Inductor launches it
     as it launches any other), and Triton's interpreter has no grid
     dependency control."""
-    overlapped = OVERLAP_FILL and launching_directly() and overlaps_fill_on(like.device)  # (traced: no device query)
-    overlapped = overlapped and not torch.cuda.is_current_stream_capturing()
+    overlapped = overlaps_fill(like)
     words = unpublished_words(like, *shape, overlapped=overlapped)
     return words, ({"OVERLAPPED": True, "launch_pdl": True} if overlapped else {"OVERLAPPED": False})
 
 
 OVERLAP_FILL = True  # off: every held-rows kernel starts after its fill (a switch for tests and probes)
+
+
+def overlaps_fill(like: torch.Tensor) -> bool:
+    """Whether a held-rows kernel launched now on `like`'s device starts while its fill runs
+    (see held_rows_scratch).  A traced call is answered before any device query."""
+    if not (OVERLAP_FILL and launching_directly() and overlaps_fill_on(like.device)):
+        return False
+    return not torch.cuda.is_current_stream_capturing()
 
 
 def overlaps_fill_on(device: torch.device) -> bool:

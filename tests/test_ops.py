@@ -850,6 +850,35 @@ def test_softmax_cooperative_kernels_publish_without_release(direction, element_
         _assert_waits_for_the_fill_before_the_scratch(ptx, overlapped)
 
 
+def test_held_rows_kernels_overlap_their_fill_in_eager_calls_on_hopper_outside_graph_capture(monkeypatch):
+    """The rule: an eager launch (not traced for Inductor) on Hopper or newer, with a Triton that
+    has grid dependency control, while no CUDA graph is being captured; never on CPU."""
+    like = _FakeCudaTensor(2)
+    monkeypatch.setattr(cooperative, "launching_directly", lambda: True)
+    monkeypatch.setattr(cooperative, "cuda_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert cooperative.overlaps_fill(like) is (cooperative.gdc_wait is not None)
+    if cooperative.gdc_wait is None:
+        return
+    assert not cooperative.overlaps_fill(torch.empty(3))  # the interpreter
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not cooperative.overlaps_fill(like)  # a graph's kernels follow each other closely already
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(cooperative, "OVERLAP_FILL", False)
+    assert not cooperative.overlaps_fill(like)  # the switch tests and probes use
+    monkeypatch.setattr(cooperative, "OVERLAP_FILL", True)
+    monkeypatch.setattr(cooperative, "cuda_capability", lambda index: (8, 0))
+    assert not cooperative.overlaps_fill(like)  # before Hopper: no programmatic dependent launch
+    monkeypatch.setattr(cooperative, "cuda_capability", lambda index: (9, 0))
+
+    def no_device_query(index):
+        raise AssertionError("a traced call queried the device")
+
+    monkeypatch.setattr(cooperative, "launching_directly", lambda: False)
+    monkeypatch.setattr(cooperative, "cuda_capability", no_device_query)
+    assert not cooperative.overlaps_fill(like)  # traced for Inductor: the plain kernel
+
+
 def test_the_scratch_fill_lets_the_next_kernel_start_and_the_held_norm_kernels_wait_for_it():
     """Built for sm_90 (no GPU needed): the fill, launched before a kernel that overlaps it,
     lets that kernel start at once; the norms' held backwards wait for it after their first
