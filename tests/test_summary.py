@@ -49,6 +49,24 @@ def test_large_cases_behind_the_fastest_are_listed_and_counted():
     assert behind[0][5] == "0.95x (eager)"
 
 
+def test_small_cases_are_judged_by_cuda_graph_time():
+    """A small case is compared by CUDA-graph time, against the variant fastest by it (not the fastest
+    by median); a case where tk or every other variant has no graph time is not counted."""
+    small = {"nbytes": MB}
+    records = [
+        rec("eager", 0.004, shape="a", graph_ms=0.0020, **small), rec("compile", 0.050, shape="a", graph_ms=0.0015, **small),
+        rec("tk", 0.004, shape="a", graph_ms=0.0018, **small),  # faster by median, 0.83x compile by graph: listed
+        rec("eager", 0.004, shape="b", graph_ms=0.0020, **small), rec("tk", 0.009, shape="b", graph_ms=0.00202, **small),
+        rec("eager", 0.004, shape="c", graph_ms=None, **small), rec("tk", 0.004, shape="c", graph_ms=0.002, **small),
+        rec("eager", 0.200, shape="d", graph_ms=0.1), rec("tk", 0.300, shape="d", graph_ms=0.2),  # large: not here
+    ]  # fmt: skip
+    count, behind = summary.small_cases(summary.merge([doc(records)]))
+    assert count == 2  # a and b; c has no other graph time, d is large
+    assert behind == [["gelu", "bfloat16", "a", "1", "1.80", "1.50 (compile)", "0.83x"]]
+    page = summary.markdown([doc(records)])
+    assert "1 of 2 small cases with CUDA-graph times have tk within 2%" in page
+
+
 def test_the_largest_shape_row():
     records = [rec("eager", 0.10, shape="small", nbytes=64 * MB), rec("tk", 0.05, shape="small", nbytes=64 * MB),
                rec("eager", 1.00, shape="big"), rec("compile", 0.80, shape="big"), rec("tk", 0.40, shape="big")]  # fmt: skip
