@@ -180,6 +180,13 @@ def direct_launch_plan(compiled, n_params: int):
     return compiled.function, meta.num_warps, meta.shared, types, pick, scratch, bool(getattr(meta, "launch_pdl", False))
 
 
+def _report(compiled, function, grid, warps, shared, types, values, overlapped) -> None:
+    """Tell the native lane's recorder, if one is watching, of a launch it can replay."""
+    current = getattr(recording, "current", None)
+    if current is not None:
+        current.launch(compiled, function, grid, warps, shared, types, values, overlapped)
+
+
 def _current_device() -> int:
     return torch._C._cuda_getDevice()  # what torch.cuda.current_device() returns, without its Python layers
 
@@ -230,14 +237,13 @@ class FastKernel:
         if direct is not None:
             function, warps, shared, types, pick, scratch, overlapped = direct
             values = pick((*args, *tail)) + scratch
+            if overlapped:  # PyTorch's launcher sets no launch attributes: Triton's sets the programmatic one
+                self._run(compiled, x, y, z, stream, args, tail)
+                _report(compiled, function, (x, y, z), warps, shared, types, values, overlapped)
+                return compiled
             try:
-                if overlapped:
-                    self._run(compiled, x, y, z, stream, args, tail)
-                else:
-                    _launch_kernel(function, x, y, z, warps, shared, types, values, stream)
-                current = getattr(recording, "current", None)
-                if current is not None:
-                    current.launch(compiled, function, (x, y, z), warps, shared, types, values, overlapped)
+                _launch_kernel(function, x, y, z, warps, shared, types, values, stream)
+                _report(compiled, function, (x, y, z), warps, shared, types, values, overlapped)
                 return compiled
             except (TypeError, ValueError, RuntimeError):  # refused: Triton's launcher from now on (its error, if any)
                 self.binaries[key] = (compiled, tail, config, None)

@@ -117,6 +117,21 @@ def test_a_programmatic_dependent_binary_launches_through_triton_and_is_recorded
     assert (function, grid, types, values, overlapped) == (1234, (3, 1, 1), "OOiOO", (*args, None, None), True)
 
 
+def test_an_error_of_tritons_launcher_on_a_programmatic_dependent_binary_is_raised_once(monkeypatch):
+    """Triton's launcher failing on such a binary is its own error, raised as it is: the launch is not
+    tried again and the binary keeps its plan (it is not a refusal of PyTorch's launcher)."""
+    fast, compiled, key, args, kwargs = _remembered_gelu_binary(monkeypatch, lambda *launch: None, launch_pdl=True)
+
+    def fail(*launch):
+        compiled.triton_runs.append(launch)
+        raise RuntimeError("CUDA driver error: out of resources")
+
+    compiled.run = fail
+    with pytest.raises(RuntimeError, match="out of resources"):
+        fast[(3,)](*args, **kwargs)
+    assert len(compiled.triton_runs) == 1 and fast.binaries[key][3] is not None
+
+
 def test_a_binary_the_cpp_launcher_refuses_goes_back_to_tritons_launcher(monkeypatch):
     refused = []
 
