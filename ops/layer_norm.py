@@ -573,9 +573,9 @@ def _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols
     wait_for_fill(OVERLAPPED)
     if row < n_rows:
         mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
-        base = row * (2 * n_segments)
-        publish(words_ptr, base + segment, pack(mean_x, m2))
-        publish(words_ptr, base + n_segments + segment, pack(mean_g, c))
+        at = row * (2 * n_segments) + 2 * segment
+        publish(words_ptr, at, pack(mean_x, m2))
+        publish(words_ptr, at + 1, pack(mean_g, c))
     return x, dy
 
 
@@ -612,7 +612,7 @@ def layer_norm_backward_held_kernel(
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
     M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments as
     _merge_comoments merges chunks, so a row whose mean is far from 0 loses nothing
-    to cancellation.  Words of row r: r * 2 * n_segments + segment, then + n_segments."""
+    to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     mask = cols < n_cols
@@ -627,10 +627,11 @@ def layer_norm_backward_held_kernel(
         row = first_row + round * rows_at_once
         x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
                                            n_cols, n_segments, SEGMENT, HAS_WEIGHT, False)  # fmt: skip
-        base = words_ptr + row * (2 * n_segments)
-        words_x, x_published = poll(base + segments, inside, max_spins)
-        words_g, g_published = poll(base + n_segments + segments, inside, max_spins)
-        if x_published & g_published:
+        # Both words of every segment in one poll: a second poll would wait a second trip to L2.
+        pairs = tl.arange(0, 2 * SEGMENTS_BLOCK)
+        words, published = poll(words_ptr + row * (2 * n_segments) + pairs, pairs < 2 * n_segments, max_spins)
+        if published:
+            words_x, words_g = tl.split(tl.reshape(words, (SEGMENTS_BLOCK, 2)))
             means_x, m2s = unpack(words_x)
             means_g, cs = unpack(words_g)
         else:
@@ -739,7 +740,8 @@ def layer_norm_backward_columns_kernel(
 #     91 / 94 / 93 / 61.
 #   layer norm (two words a segment, two accumulators): two sweeps bf16 51 / 51 / 43 / 39,
 #     float32 59 / 59 / 52 / 49; 512 / 1 / 128 / 16: bf16 69 / 69 / 60 / 10, float32 88 / 83 /
-#     75 / 20; the setups of 2-8 warps 35-54 in bf16 (spills).  At 2000x20001, rows of no
+#     75 / 20 (version 38, both words of a segment in one poll: bf16 73 / 72 / 56 / -, float32
+#     87 / 83 / 75 / -); the setups of 2-8 warps 35-54 in bf16 (spills).  At 2000x20001, rows of no
 #     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
 #     layer norm holds only rows of a length that is a multiple of `col_multiple`.
 # The interpreter runs one program after another: off on CPU, except in
