@@ -571,12 +571,19 @@ def _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols
     OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
     wait_for_fill(OVERLAPPED)
+    _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT)
+    return x, dy
+
+
+@triton.jit
+def _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                    SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """Publish the two words of `row`'s segment, loaded already as x and dy (nothing past the last row)."""
     if row < n_rows:
         mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
         at = row * (2 * n_segments) + 2 * segment
         publish(words_ptr, at, pack(mean_x, m2))
         publish(words_ptr, at + 1, pack(mean_g, c))
-    return x, dy
 
 
 @triton.jit
@@ -607,6 +614,7 @@ def layer_norm_backward_held_kernel(
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
+    ROWS_AHEAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Layer norm's long rows held on chip across programs, as RMS norm's
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
@@ -623,10 +631,18 @@ def layer_norm_backward_held_kernel(
     db_acc = _zeros_1d(x_ptr, SEGMENT)
     x_stored, dy_stored = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
                                            n_segments, SEGMENT, HAS_WEIGHT, OVERLAPPED)  # fmt: skip
+    if ROWS_AHEAD == 2:
+        x_next, dy_next = _load_segment(dy_ptr, x_ptr, first_row + rows_at_once, n_rows, cols, n_cols)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
-        x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
-                                           n_cols, n_segments, SEGMENT, HAS_WEIGHT, False)  # fmt: skip
+        if ROWS_AHEAD == 2:
+            # The round after next is in flight while this one publishes, polls and writes.
+            x_after, dy_after = _load_segment(dy_ptr, x_ptr, row + 2 * rows_at_once, n_rows, cols, n_cols)
+            _publish_loaded(x_next, dy_next, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols, n_cols,
+                            n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+        else:
+            x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment,
+                                               cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT, False)  # fmt: skip
         # Both words of every segment in one poll: a second poll would wait a second trip to L2.
         pairs = tl.arange(0, 2 * SEGMENTS_BLOCK)
         words, published = poll(words_ptr + row * (2 * n_segments) + pairs, pairs < 2 * n_segments, max_spins)
@@ -656,6 +672,8 @@ def layer_norm_backward_held_kernel(
         if BIAS_GRAD:
             db_acc += _widen(dy_stored)
         x_stored, dy_stored = x_next, dy_next
+        if ROWS_AHEAD == 2:
+            x_next, dy_next = x_after, dy_after
     if WEIGHT_GRAD:
         tl.store(dw_partial_ptr + first_row * n_cols + cols, dw_acc, mask=mask)
     if BIAS_GRAD:
@@ -728,20 +746,23 @@ def layer_norm_backward_columns_kernel(
 # op that has that kernel, by the setups in its NormKernels (keyed by the widest
 # input's element size); float64, and rows no setup takes, keep the two-sweep
 # design.  A program holds `segment` columns of x and dy, twice (this row's and
-# the next's), and of its accumulators, on `warps` warps at most `registers`
+# the next's; three times with rows_ahead 2), and of its accumulators, on `warps` warps at most `registers`
 # registers a thread, `programs_per_sm` an SM, for rows of at most
 # `max_segments` segments (None: as many as the grid holds).  One warp a
 # program reduces and polls without a barrier: up to 128 segments a row it won
 # everywhere.  H100, % of a copy of the same bytes at 8192x12288 / 4096x32768
-# / 1024x65536 / 256x262144 (docs/perf-notes.md, versions 30 and 32):
+# / 1024x65536 / 256x262144 (docs/perf-notes.md, versions 30, 32 and 38):
 #   rms bf16: two sweeps 59 / 59 / 50 / 48; 2048 / 4 / 96 / 5: 79 / 79 / 73 / 64;
 #     512 / 1 / 96 / 20: 90 / 89 / 82 / 18 (a row of 512 segments waits on 512 programs).
 #   rms float32: 59 / 59 / 56 / 55; 1024 / 2 / 128 / 8: 87 / 86 / 82 / 71; 512 / 1 / 128 / 16:
 #     91 / 94 / 93 / 61.
 #   layer norm (two words a segment, two accumulators): two sweeps bf16 51 / 51 / 43 / 39,
 #     float32 59 / 59 / 52 / 49; 512 / 1 / 128 / 16: bf16 69 / 69 / 60 / 10, float32 88 / 83 /
-#     75 / 20 (version 38, both words of a segment in one poll: bf16 73 / 72 / 56 / -, float32
-#     87 / 83 / 75 / -); the setups of 2-8 warps 35-54 in bf16 (spills).  At 2000x20001, rows of no
+#     75 / 20; the setups of 2-8 warps 35-54 in bf16 (spills).  Version 38: both words of a
+#     segment in one poll, bf16 73 / 72 / 55; then bf16 with a third row's segment in flight
+#     (rows_ahead 2) at 160 registers, 12 an SM, 77 / 74 / 55 (at 144, 14 an SM, 46-66, not
+#     understood: ptxas fits it in 144 without spills); float32 at 160 registers (no spill), 12 an SM, 92 / 87 / 78.
+#     RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32 192).  At 2000x20001, rows of no
 #     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
 #     layer norm holds only rows of a length that is a multiple of `col_multiple`.
 # The interpreter runs one program after another: off on CPU, except in
@@ -755,6 +776,7 @@ class HeldRows:
     programs_per_sm: int
     max_segments: Optional[int] = None
     col_multiple: int = 1  # rows of a length that is a multiple of this (see ops/_alignment.py)
+    rows_ahead: int = 1  # 2: a third row's segment in flight while the program polls (ROWS_AHEAD)
 
 
 @dataclass(frozen=True)
@@ -783,7 +805,10 @@ LAYER_NORM_KERNELS = NormKernels(
     backward_stats=layer_norm_backward_stats_kernel,
     backward_columns=layer_norm_backward_columns_kernel,
     backward_held=layer_norm_backward_held_kernel,
-    held_setups={2: (HeldRows(512, 1, 128, 16, 128, 16),), 4: (HeldRows(512, 1, 128, 16, 128, 16),)},  # see HeldRows
+    held_setups={  # see HeldRows
+        2: (HeldRows(512, 1, 160, 12, 128, 16, rows_ahead=2),),
+        4: (HeldRows(512, 1, 160, 12, 128, 16),),
+    },
     held_words=2,
 )
 
@@ -988,7 +1013,7 @@ def normalize_backward(
         _launch(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
             n_segments, rows_at_once, _MAX_SPINS[kind], **flags, **overlap,
-            SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments),
+            SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), ROWS_AHEAD=setup.rows_ahead,
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

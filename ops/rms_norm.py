@@ -153,10 +153,17 @@ def _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n
     OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
     wait_for_fill(OVERLAPPED)
+    _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments, HAS_WEIGHT)
+    return x, dy
+
+
+@triton.jit
+def _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                    HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """Publish the partial of `row`'s segment, loaded already as x and dy (nothing past the last row)."""
     if row < n_rows:
         sum_xx, sum_xg = _segment_sums(x, dy, w_ptr, cols, n_cols, HAS_WEIGHT)
         publish(words_ptr, partial_at(row, segment, n_segments), pack(sum_xx, sum_xg))
-    return x, dy
 
 
 @triton.jit
@@ -182,6 +189,7 @@ def rms_norm_backward_held_kernel(
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
+    ROWS_AHEAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Long rows held on chip across programs, publishing a round ahead: the next
     row's partial goes out before the wait for this row's words, then dx is
@@ -195,10 +203,18 @@ def rms_norm_backward_held_kernel(
     dw_acc = _zeros_1d(x_ptr, SEGMENT)
     x_stored, dy_stored = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
                                         n_segments, HAS_WEIGHT, OVERLAPPED)  # fmt: skip
+    if ROWS_AHEAD == 2:
+        x_next, dy_next = _load_segment(dy_ptr, x_ptr, first_row + rows_at_once, n_rows, cols, n_cols)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
-        x_next, dy_next = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols,
-                                        n_cols, n_segments, HAS_WEIGHT, False)  # fmt: skip
+        if ROWS_AHEAD == 2:
+            # The round after next is in flight while this one publishes, polls and writes.
+            x_after, dy_after = _load_segment(dy_ptr, x_ptr, row + 2 * rows_at_once, n_rows, cols, n_cols)
+            _publish_loaded(x_next, dy_next, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols, n_cols,
+                            n_segments, HAS_WEIGHT)  # fmt: skip
+        else:
+            x_next, dy_next = _publish_sums(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment,
+                                            cols, n_cols, n_segments, HAS_WEIGHT, False)  # fmt: skip
         words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             sums_xx, sums_xg = unpack(words)
@@ -215,6 +231,8 @@ def rms_norm_backward_held_kernel(
         if WEIGHT_GRAD:
             dw_acc += tl.where(mask, _widen(dy_stored) * xhat, 0.0)
         x_stored, dy_stored = x_next, dy_next
+        if ROWS_AHEAD == 2:
+            x_next, dy_next = x_after, dy_after
     if WEIGHT_GRAD:
         tl.store(dw_partial_ptr + first_row * n_cols + cols, dw_acc, mask=mask)
 

@@ -623,7 +623,7 @@ def test_norm_backward_held_rows_match_float64(held_rows, launched, op, dtype, s
         assert_close(got, leaf.grad, dtype)
 
 
-def _held_twice(op, x, grad, weight):
+def _held_twice(op, x, grad, weight, rows_ahead=1):
     """The op's held backward launched twice over the same words: first no program waits (each
     computes every partial of its rows and publishes its own), then each finds its rows' words
     published and combines those.  Both (dx, dw partials), and the words."""
@@ -632,6 +632,7 @@ def _held_twice(op, x, grad, weight):
     setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
         kernels, n_rows, n_cols, column_multiple(n_cols), x.element_size(), x.device
     )
+    assert rows_at_once < n_rows / 2  # a program's rounds reach the segment two rows ahead
     words = ops._cooperative.unpublished_words(x, n_rows, kernels.held_words * n_segments)
     kernel = ops._cooperative.register_capped(kernels.backward_held, setup.warps, setup.registers)
     results = []
@@ -641,6 +642,7 @@ def _held_twice(op, x, grad, weight):
             grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
             HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
             SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
+            ROWS_AHEAD=rows_ahead,
         )  # fmt: skip
         results.append((dx, dw_partial))
     return results, words
@@ -648,14 +650,16 @@ def _held_twice(op, x, grad, weight):
 
 @pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype):
+@pytest.mark.parametrize("rows_ahead", [1, 2])
+def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype, rows_ahead):
     """The path a GPU takes when a row's programs all run at once (partials read from the words)
-    and the one it takes when they do not (computed here): the same bits.  RMS norm's word holds its
-    segment's (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g,
-    sum((x - mean x) * g)), g = dy * w."""
+    and the one it takes when they do not (computed here): the same bits, with the next row's
+    segment loaded ahead or the next two.  RMS norm's word holds its segment's (sum(x^2),
+    sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g, sum((x - mean x) * g)),
+    g = dy * w."""
     x, grad = (3 + 2 * torch.randn(9, 100)).to(dtype), torch.randn(9, 100).to(dtype)
     weight = (1 + 0.5 * torch.randn(100)).to(dtype)
-    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight)
+    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight, rows_ahead)
     assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
     assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
     assert (words != ops._cooperative.UNPUBLISHED.value).all()
@@ -706,10 +710,10 @@ def test_the_held_rows_rule(monkeypatch):
         assert held(rms, 2, 1056 * 1024, 4) == (fp32_wide, 1024, 1056, 1)
         assert held(rms, 2, 1056 * 1024 + 1, 4) is None
         assert held(rms, 4096, 32768, 8) is None  # float64
-        # layer norm: the one-warp setup up to 128 segments, then two sweeps
-        assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 33)
+        # layer norm: the one-warp setup up to 128 segments, 12 an SM (160 registers), then two sweeps
+        assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 24)
         assert held(ln, 256, 65536 + 16, 2) is None
-        assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 52)
+        assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 39)
         assert held(ln, 2000, 20008, 4) is None  # a row of no 16-element multiple
         assert held(rms, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
         assert held(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
