@@ -632,6 +632,11 @@ def test_softmax_cooperative_rule(monkeypatch):
         assert resident_programs_per_sm(0, 8, 80) == 3  # 65536 registers // (80 * 256)
         assert resident_programs_per_sm(0, 8, 128) == 2
         assert resident_programs_per_sm(0, 2, 32) == 32  # the thread limit: 2048 // 64
+        # One-warp programs: the warps that fit, rounded down to a multiple of 4 (measured on an H100:
+        # at 144 and 120 registers, plans of 14 and 17 an SM left rows waiting on programs never run).
+        assert [resident_programs_per_sm(0, 1, r) for r in (96, 120, 128, 144, 160, 80, 72)] == [20, 16, 16, 12, 12, 24, 28]
+        assert resident_programs_per_sm(0, 1, 140) == 12  # 140 registers are given as 144 (units of 256 a warp)
+        assert resident_programs_per_sm(0, 2, 144) == 6
         monkeypatch.setattr(cooperative, "sm_count", lambda index: 132)
         cuda = torch.device("cuda", 0)
         bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
@@ -901,7 +906,8 @@ def test_the_scratch_fill_lets_the_next_kernel_start_and_the_held_norm_kernels_w
             signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
             signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
             constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=True, SEGMENT=setup.segment,
-                             SEGMENTS_BLOCK=words_block(setup.warps, 8), COL_MULTIPLE=16, OVERLAPPED=overlapped)  # fmt: skip
+                             SEGMENTS_BLOCK=words_block(setup.warps, 8), COL_MULTIPLE=16, OVERLAPPED=overlapped,
+                             ROWS_AHEAD=setup.rows_ahead)  # fmt: skip
             signature.update({name: "constexpr" for name in constants})
             ptx = _build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
             _assert_publishes_without_release(ptx)
