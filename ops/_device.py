@@ -27,6 +27,10 @@ def sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+_REGISTER_UNIT = 256  # registers a warp is given at a time
+_WARPS_PER_PLACEMENT = 4  # warps placed on an SM's schedulers at a time, one each
+
+
 @functools.cache
 def resident_programs_per_sm(index: int | None, num_warps: int, registers: int, shared: int = 0) -> int:
     """How many programs of num_warps warps, each thread capped at `registers`, one SM runs at once.
@@ -35,11 +39,20 @@ def resident_programs_per_sm(index: int | None, num_warps: int, registers: int, 
     32-bit registers on every NVIDIA GPU since Maxwell, where torch does not
     report it) and the threads an SM holds; for a program using `shared`
     bytes of shared memory, also the SM's shared memory, of which the driver
-    reserves 1 KiB per program."""
+    reserves 1 KiB per program.
+
+    The register file is split over the SM's four schedulers, and warps are
+    placed on them in fours: a warp takes its registers in units of 256, and
+    the warps that fit round down to a multiple of 4.  At 144 registers a
+    thread 65536 // 4608 = 14 warps, but 12 run: a plan of 14 one-warp
+    programs an SM left rows whose programs never all ran at once (the layer
+    norm probe of docs/perf-notes.md, version 38)."""
     props = torch.cuda.get_device_properties(index)
     register_file = getattr(props, "regs_per_multiprocessor", 65536)
     threads = 32 * num_warps
-    fits = min(register_file // (registers * threads), props.max_threads_per_multi_processor // threads)
+    warp_registers = -(-registers * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
+    warps = register_file // warp_registers // _WARPS_PER_PLACEMENT * _WARPS_PER_PLACEMENT
+    fits = min(warps // num_warps, props.max_threads_per_multi_processor // threads)
     if shared:
         fits = min(fits, props.shared_memory_per_multiprocessor // (shared + 1024))
     return fits

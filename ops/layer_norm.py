@@ -760,8 +760,8 @@ def layer_norm_backward_columns_kernel(
 #     float32 59 / 59 / 52 / 49; 512 / 1 / 128 / 16: bf16 69 / 69 / 60 / 10, float32 88 / 83 /
 #     75 / 20; the setups of 2-8 warps 35-54 in bf16 (spills).  Version 38: both words of a
 #     segment in one poll, bf16 73 / 72 / 55; then bf16 with a third row's segment in flight
-#     (rows_ahead 2) at 160 registers, 12 an SM, 77 / 74 / 55 (at 144, 14 an SM, 46-66, not
-#     understood: ptxas fits it in 144 without spills); float32 at 160 registers (no spill), 12 an SM, 92 / 87 / 78.
+#     (rows_ahead 2) at 160 registers, 12 an SM, 77 / 74 / 55 (at 144 planned as 14 an SM, 46-66:
+#     12 run, see resident_programs_per_sm); float32 at 160 registers (no spill), 12 an SM, 92 / 87 / 78.
 #     RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32 192).  At 2000x20001, rows of no
 #     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
 #     layer norm holds only rows of a length that is a multiple of `col_multiple`.
