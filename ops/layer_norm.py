@@ -778,6 +778,10 @@ class HeldRows:
     col_multiple: int = 1  # rows of a length that is a multiple of this (see ops/_alignment.py)
     rows_ahead: int = 1  # 2: a third row's segment in flight while the program polls (ROWS_AHEAD)
 
+    def __post_init__(self):
+        if self.rows_ahead not in (1, 2):
+            raise ValueError(f"HeldRows: rows_ahead is 1 or 2 (rows the kernels load ahead), got {self.rows_ahead}")
+
 
 @dataclass(frozen=True)
 class NormKernels:

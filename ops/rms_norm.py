@@ -195,7 +195,10 @@ def rms_norm_backward_held_kernel(
     row's partial goes out before the wait for this row's words, then dx is
     written from the segment in registers, so x and dy are read once.  The
     program's dw accumulator goes out as row `first_row` of the (rows_at_once, N)
-    scratch.  (BIAS_GRAD and db_partial_ptr: the signature is layer norm's.)"""
+    scratch.  ROWS_AHEAD=2 also loads the segment of the row after next at the top of
+    a round, so those loads are in flight while the round polls and writes (a third
+    segment's registers; see HeldRows).  (BIAS_GRAD and db_partial_ptr: the signature
+    is layer norm's.)"""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     mask = cols < n_cols

@@ -721,6 +721,12 @@ def test_the_held_rows_rule(monkeypatch):
         ops._device.resident_programs_per_sm.cache_clear()
 
 
+def test_a_held_setup_loads_one_or_two_rows_ahead():
+    with pytest.raises(ValueError, match="rows_ahead is 1 or 2"):
+        norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=3)
+    assert norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=2).rows_ahead == 2
+
+
 def test_held_setups_without_a_held_kernel_are_refused():
     """An op that names setups for rows held on chip must have the kernel they launch."""
     kernels = ops.rms_norm.RMS_NORM_KERNELS
