@@ -5,10 +5,10 @@ cache flushed (a 256 MB buffer zeroed) before every repetition, warm-up
 first.  Its figure includes the host time to launch the call, which is what
 a user pays for a small tensor.  For calls under 250 µs
 (``runner.CUDAGRAPH_BELOW_MS``) we also give the CUDA-graph replay time,
-the time without launch overhead, pooled over interleaved rounds too.  A graph replays too fast for
-an L2 flush between calls, so the graph calls the op in turn on *copies* of
-its inputs, enough of them to fill twice the L2 cache: each call then reads
-its inputs from DRAM, as after a flush.  (Without that, a 32 MB weight read by
+the time without launch overhead, pooled over interleaved rounds too.  A
+graph replays too fast for an L2 flush between calls, so the graph calls
+the op in turn on *copies* of its inputs, enough of them to fill twice the
+L2 cache: each call then reads its inputs from DRAM, as after a flush.  (Without that, a 32 MB weight read by
 a decoding matmul would stay in the H100's 50 MB L2 from one replay to the
 next and read at L2 speed.)
 

@@ -16,6 +16,8 @@ try:  # where Triton keeps the current allocator (3.4 to 3.9 at least); private,
 except ImportError:  # pragma: no cover
     NullAllocator = _allocator = None
 
+from ._launch import cdiv
+
 
 def kind(device: torch.device) -> str:
     """Which constants apply: "cuda", or "cpu" (the interpreter; also meta and fake CPU tensors)."""
@@ -50,7 +52,7 @@ def resident_programs_per_sm(index: int | None, num_warps: int, registers: int, 
     props = torch.cuda.get_device_properties(index)
     register_file = getattr(props, "regs_per_multiprocessor", 65536)
     threads = 32 * num_warps
-    warp_registers = -(-registers * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
+    warp_registers = cdiv(registers * 32, _REGISTER_UNIT) * _REGISTER_UNIT
     warps = register_file // warp_registers // _WARPS_PER_PLACEMENT * _WARPS_PER_PLACEMENT
     fits = min(warps // num_warps, props.max_threads_per_multi_processor // threads)
     if shared:

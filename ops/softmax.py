@@ -52,8 +52,9 @@ import triton.language as tl
 
 from ._alignment import column_multiple, known_multiple
 from ._cooperative import (
-    partial_at,
+    held_rows_scratch,
     pack,
+    partial_at,
     plan,
     program_segment,
     programs_at_once,
@@ -61,7 +62,6 @@ from ._cooperative import (
     register_capped,
     row_words,
     unpack,
-    held_rows_scratch,
     wait_for_fill,
     words_block,
 )
