@@ -538,6 +538,19 @@ def column_sum_kernel(
 
 
 @triton.jit
+def _moments_mask(cols, n_cols, FULL: tl.constexpr):
+    """Which of `cols` lie inside the row, for a segment's moments.  FULL (the row is whole
+    segments): a constant, which the compiler folds away with the selects it feeds (perf
+    notes 39).  The loads and stores keep their masks: without them the compiler held 16-bit
+    x and dy one to a register, and spilled."""
+    if FULL:
+        mask = tl.full(cols.shape, True, tl.int1)
+    else:
+        mask = cols < n_cols
+    return mask
+
+
+@triton.jit
 def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
     """The row's columns `cols` of x and dy as stored (0 where masked, and past the last row)."""
     end = tl.where(row < n_rows, n_cols, 0)
@@ -546,41 +559,51 @@ def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
 
 
 @triton.jit
-def _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
-    """g = dy * w, in the compute dtype.  w is loaded at each use (from L1 after the
-    first): held in registers for the program's whole run, it cost more than the loads."""
+def _segment_weight(w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
+    """w at `cols` in the compute dtype, loaded once a round for both rows that use it (0 without one)."""
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, mask)
+    else:
+        w = 0.0
+    return w
+
+
+@triton.jit
+def _gradient_at_xhat(dy_stored, w, HAS_WEIGHT: tl.constexpr):
+    """g = dy * w, in the compute dtype."""
     g = _widen(dy_stored)
     if HAS_WEIGHT:
-        g = g * _load(w_ptr + cols, cols < n_cols)
+        g = g * w
     return g
 
 
 @triton.jit
-def _segment_moments(x_stored, dy_stored, w_ptr, segment, cols, n_cols, SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+def _segment_moments(x_stored, dy_stored, w, segment, cols, n_cols, SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     FULL: tl.constexpr):  # fmt: skip
     """A segment's partial: (mean x, M2 of x) and (mean g, sum((x - mean x) * g)), each a word."""
     count = tl.minimum(n_cols - segment * SEGMENT, SEGMENT).to(tl.float32)
-    x = _widen(x_stored)
-    g = _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT)
-    return _chunk_comoments(x, g, cols < n_cols, count)
+    g = _gradient_at_xhat(dy_stored, w, HAS_WEIGHT)
+    return _chunk_comoments(_widen(x_stored), g, _moments_mask(cols, n_cols, FULL), count)
 
 
 @triton.jit
-def _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
-                     SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr, OVERLAPPED: tl.constexpr):  # fmt: skip
+def _publish_moments(dy_ptr, x_ptr, w, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                     SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr, FULL: tl.constexpr,
+                     OVERLAPPED: tl.constexpr):  # fmt: skip
     """Load `row`'s segment of x and dy, publish its two words (nothing past the last row); x and dy as stored.
     OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
     wait_for_fill(OVERLAPPED)
-    _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT)
+    _publish_loaded(x, dy, w, words_ptr, row, n_rows, segment, cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT, FULL)
     return x, dy
 
 
 @triton.jit
-def _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
-                    SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
+def _publish_loaded(x, dy, w, words_ptr, row, n_rows, segment, cols, n_cols, n_segments,
+                    SEGMENT: tl.constexpr, HAS_WEIGHT: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
     """Publish the two words of `row`'s segment, loaded already as x and dy (nothing past the last row)."""
     if row < n_rows:
-        mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
+        mean_x, mean_g, m2, c = _segment_moments(x, dy, w, segment, cols, n_cols, SEGMENT, HAS_WEIGHT, FULL)
         at = row * (2 * n_segments) + 2 * segment
         publish(words_ptr, at, pack(mean_x, m2))
         publish(words_ptr, at + 1, pack(mean_g, c))
@@ -588,7 +611,7 @@ def _publish_loaded(x, dy, w_ptr, words_ptr, row, n_rows, segment, cols, n_cols,
 
 @triton.jit
 def _segments_moments_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments, HAS_WEIGHT: tl.constexpr,
-                           SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+                           SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
     """Every segment's moments of a row, computed by this program: the same code on the
     same data as the programs that own them, so the same bits."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
@@ -599,7 +622,8 @@ def _segments_moments_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments
     for segment in range(0, n_segments):
         cols = segment * SEGMENT + tl.arange(0, SEGMENT)
         x, dy = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
-        mean_x, mean_g, m2, c = _segment_moments(x, dy, w_ptr, segment, cols, n_cols, SEGMENT, HAS_WEIGHT)
+        w = _segment_weight(w_ptr, cols, cols < n_cols, HAS_WEIGHT)
+        mean_x, mean_g, m2, c = _segment_moments(x, dy, w, segment, cols, n_cols, SEGMENT, HAS_WEIGHT, FULL)
         here = segments == segment
         means_x = tl.where(here, mean_x, means_x)
         m2s = tl.where(here, m2, m2s)
@@ -614,13 +638,14 @@ def layer_norm_backward_held_kernel(
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
-    ROWS_AHEAD: tl.constexpr = 1,
+    ROWS_AHEAD: tl.constexpr = 1, FULL: tl.constexpr = False,
 ):  # fmt: skip
     """Layer norm's long rows held on chip across programs, as RMS norm's
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
     M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments as
     _merge_comoments merges chunks, so a row whose mean is far from 0 loses nothing
-    to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next."""
+    to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next.
+    FULL: the row is whole segments (see _moments_mask)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     mask = cols < n_cols
@@ -629,20 +654,23 @@ def layer_norm_backward_held_kernel(
     counts = tl.where(inside, tl.minimum(n_cols - segments * SEGMENT, SEGMENT), 0).to(tl.float32)
     dw_acc = _zeros_1d(x_ptr, SEGMENT)
     db_acc = _zeros_1d(x_ptr, SEGMENT)
-    x_stored, dy_stored = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols,
-                                           n_segments, SEGMENT, HAS_WEIGHT, OVERLAPPED)  # fmt: skip
+    w = _segment_weight(w_ptr, cols, mask, HAS_WEIGHT)
+    x_stored, dy_stored = _publish_moments(dy_ptr, x_ptr, w, words_ptr, first_row, n_rows, segment, cols, n_cols,
+                                           n_segments, SEGMENT, HAS_WEIGHT, FULL, OVERLAPPED)  # fmt: skip
     if ROWS_AHEAD == 2:
         x_next, dy_next = _load_segment(dy_ptr, x_ptr, first_row + rows_at_once, n_rows, cols, n_cols)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
+        # w again (from L1), for this round's two rows: held across rounds, it cost more than the loads.
+        w = _segment_weight(w_ptr, cols, mask, HAS_WEIGHT)
         if ROWS_AHEAD == 2:
             # The round after next is in flight while this one publishes, polls and writes.
             x_after, dy_after = _load_segment(dy_ptr, x_ptr, row + 2 * rows_at_once, n_rows, cols, n_cols)
-            _publish_loaded(x_next, dy_next, w_ptr, words_ptr, row + rows_at_once, n_rows, segment, cols, n_cols,
-                            n_segments, SEGMENT, HAS_WEIGHT)  # fmt: skip
+            _publish_loaded(x_next, dy_next, w, words_ptr, row + rows_at_once, n_rows, segment, cols, n_cols,
+                            n_segments, SEGMENT, HAS_WEIGHT, FULL)  # fmt: skip
         else:
-            x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w_ptr, words_ptr, row + rows_at_once, n_rows, segment,
-                                               cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT, False)  # fmt: skip
+            x_next, dy_next = _publish_moments(dy_ptr, x_ptr, w, words_ptr, row + rows_at_once, n_rows, segment,
+                                               cols, n_cols, n_segments, SEGMENT, HAS_WEIGHT, FULL, False)  # fmt: skip
         # Both words of every segment in one poll: a second poll would wait a second trip to L2.
         pairs = tl.arange(0, 2 * SEGMENTS_BLOCK)
         words, published = poll(words_ptr + row * (2 * n_segments) + pairs, pairs < 2 * n_segments, max_spins)
@@ -652,7 +680,7 @@ def layer_norm_backward_held_kernel(
             means_g, cs = unpack(words_g)
         else:
             means_x, m2s, means_g, cs = _segments_moments_here(dy_ptr, x_ptr, w_ptr, row, n_rows, n_cols, n_segments,
-                                                               HAS_WEIGHT, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
+                                                               HAS_WEIGHT, SEGMENT, SEGMENTS_BLOCK, FULL)  # fmt: skip
             # Read this segment again rather than keep it in registers through that loop.
             x_stored, dy_stored = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
         # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once).
@@ -664,8 +692,9 @@ def layer_norm_backward_held_kernel(
         rstd = _rstd(m2, n_cols, eps)
         mean_g_xhat = rstd * c / n_cols
         xhat = (_widen(x_stored) - mean) * rstd
-        g = _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT)
-        dx = (g - mean_g - xhat * mean_g_xhat) * rstd
+        g = _gradient_at_xhat(dy_stored, w, HAS_WEIGHT)
+        # (g - mean g - xhat * mean_g_xhat) * rstd, as two fused multiply-adds an element
+        dx = g * rstd - (xhat * (mean_g_xhat * rstd) + mean_g * rstd)
         tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if WEIGHT_GRAD:
             dw_acc += tl.where(mask, _widen(dy_stored) * xhat, 0.0)
@@ -762,7 +791,10 @@ def layer_norm_backward_columns_kernel(
 #     segment in one poll, bf16 73 / 72 / 55; then bf16 with a third row's segment in flight
 #     (rows_ahead 2) at 160 registers, 12 an SM, 77 / 74 / 55 (at 144 planned as 14 an SM, 46-66:
 #     12 run, see resident_programs_per_sm); float32 at 160 registers (no spill), 12 an SM, 92 / 87 / 78.
-#     RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32 192).  At 2000x20001, rows of no
+#     RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32 192).  Version 39: the
+#     moments unmasked on rows of whole segments, bf16 4096x32768 74 -> 77; rows past 128 segments
+#     of 512 (65537 to 131072 columns) on 1024 / 2 / 160 / 6, 512x131072 bf16 328 -> 280 us, float32
+#     527 -> 401 us against two sweeps (at 4096x32768 and 1024x65536 it lost to 512 / 1).  At 2000x20001, rows of no
 #     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
 #     layer norm holds only rows of a length that is a multiple of `col_multiple`.
 # The interpreter runs one program after another: off on CPU, except in
@@ -810,8 +842,8 @@ LAYER_NORM_KERNELS = NormKernels(
     backward_columns=layer_norm_backward_columns_kernel,
     backward_held=layer_norm_backward_held_kernel,
     held_setups={  # see HeldRows
-        2: (HeldRows(512, 1, 160, 12, 128, 16, rows_ahead=2),),
-        4: (HeldRows(512, 1, 160, 12, 128, 16),),
+        2: (HeldRows(512, 1, 160, 12, 128, 16, rows_ahead=2), HeldRows(1024, 2, 160, 6, 128, 16, rows_ahead=2)),
+        4: (HeldRows(512, 1, 160, 12, 128, 16), HeldRows(1024, 2, 160, 6, 128, 16)),
     },
     held_words=2,
 )
@@ -1018,6 +1050,7 @@ def normalize_backward(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
             n_segments, rows_at_once, _MAX_SPINS[kind], **flags, **overlap,
             SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), ROWS_AHEAD=setup.rows_ahead,
+            FULL=n_cols % segment == 0,
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

@@ -63,6 +63,7 @@ from .layer_norm import (  # the bodies both norms share, and layer norm's piece
     _load,
     _load_segment,
     _rstd,
+    _segment_weight,
     _widen,
     _zeros_1d,
 )
@@ -143,7 +144,8 @@ def rms_norm_backward_columns_kernel(
 def _segment_sums(x_stored, dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr):
     """A segment's partial: sum(x^2) and sum(x * g)."""
     x = _widen(x_stored)
-    return tl.sum(x * x, axis=0), tl.sum(x * _gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT), axis=0)
+    g = _gradient_at_xhat(dy_stored, _segment_weight(w_ptr, cols, cols < n_cols, HAS_WEIGHT), HAS_WEIGHT)
+    return tl.sum(x * x, axis=0), tl.sum(x * g, axis=0)
 
 
 @triton.jit
@@ -189,7 +191,7 @@ def rms_norm_backward_held_kernel(
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
-    ROWS_AHEAD: tl.constexpr = 1,
+    ROWS_AHEAD: tl.constexpr = 1, FULL: tl.constexpr = False,
 ):  # fmt: skip
     """Long rows held on chip across programs, publishing a round ahead: the next
     row's partial goes out before the wait for this row's words, then dx is
@@ -197,8 +199,8 @@ def rms_norm_backward_held_kernel(
     program's dw accumulator goes out as row `first_row` of the (rows_at_once, N)
     scratch.  ROWS_AHEAD=2 also loads the segment of the row after next at the top of
     a round, so those loads are in flight while the round polls and writes (a third
-    segment's registers; see HeldRows).  (BIAS_GRAD and db_partial_ptr: the signature
-    is layer norm's.)"""
+    segment's registers; see HeldRows).  (BIAS_GRAD, db_partial_ptr and FULL: the
+    signature is layer norm's; its sums need no mask, as masked lanes load 0.)"""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     mask = cols < n_cols
@@ -229,7 +231,8 @@ def rms_norm_backward_held_kernel(
         rstd = _rstd(tl.sum(tl.where(inside, sums_xx, 0.0), axis=0), n_cols, eps)
         mean_g_xhat = rstd * tl.sum(tl.where(inside, sums_xg, 0.0), axis=0) / n_cols
         xhat = _widen(x_stored) * rstd
-        dx = (_gradient_at_xhat(dy_stored, w_ptr, cols, n_cols, HAS_WEIGHT) - xhat * mean_g_xhat) * rstd
+        g = _gradient_at_xhat(dy_stored, _segment_weight(w_ptr, cols, mask, HAS_WEIGHT), HAS_WEIGHT)
+        dx = (g - xhat * mean_g_xhat) * rstd
         tl.store(dx_ptr + row * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if WEIGHT_GRAD:
             dw_acc += tl.where(mask, _widen(dy_stored) * xhat, 0.0)

@@ -642,7 +642,7 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
             grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
             HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
             SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
-            ROWS_AHEAD=rows_ahead,
+            ROWS_AHEAD=rows_ahead, FULL=n_cols % segment == 0,
         )  # fmt: skip
         results.append((dx, dw_partial))
     return results, words
@@ -651,25 +651,30 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
 @pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows_ahead", [1, 2])
-def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype, rows_ahead):
+@pytest.mark.parametrize("n_cols", [100, 96])
+def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype, rows_ahead, n_cols):
     """The path a GPU takes when a row's programs all run at once (partials read from the words)
     and the one it takes when they do not (computed here): the same bits, with the next row's
-    segment loaded ahead or the next two.  RMS norm's word holds its segment's (sum(x^2),
-    sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g, sum((x - mean x) * g)),
-    g = dy * w."""
-    x, grad = (3 + 2 * torch.randn(9, 100)).to(dtype), torch.randn(9, 100).to(dtype)
-    weight = (1 + 0.5 * torch.randn(100)).to(dtype)
+    segment loaded ahead or the next two, on rows with a part segment (100 = 3 x 32 + 4) and rows
+    of whole ones (96, where the moments run unmasked).  RMS norm's word holds its segment's
+    (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g,
+    sum((x - mean x) * g)), g = dy * w."""
+    x, grad = (3 + 2 * torch.randn(9, n_cols)).to(dtype), torch.randn(9, n_cols).to(dtype)
+    weight = (1 + 0.5 * torch.randn(n_cols)).to(dtype)
     ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight, rows_ahead)
     assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
     assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
     assert (words != ops._cooperative.UNPUBLISHED.value).all()
     halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)  # little-endian: lower half first
-    x64, g64 = F.pad(x.double(), (0, 28)).view(9, 4, 32), F.pad(grad.double() * weight.double(), (0, 28)).view(9, 4, 32)
+    n_segments = -(-n_cols // 32)
+    pad = (0, 32 * n_segments - n_cols)
+    x64 = F.pad(x.double(), pad).view(9, n_segments, 32)
+    g64 = F.pad(grad.double() * weight.double(), pad).view(9, n_segments, 32)
     if op == "rms_norm":
         torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
     else:
-        counts = torch.tensor([32.0, 32.0, 32.0, 4.0], dtype=torch.float64)
+        counts = (n_cols - 32 * torch.arange(n_segments, dtype=torch.float64)).clamp(max=32)
         means_x = x64.sum(-1) / counts
         centered = torch.where(torch.arange(32) < counts[:, None], x64 - means_x[..., None], 0.0)
         expected = [means_x, (centered * centered).sum(-1), g64.sum(-1) / counts, (centered * g64).sum(-1)]
@@ -682,8 +687,8 @@ def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dty
 
 def test_the_held_rows_rule(monkeypatch):
     """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
-    that takes a row (one warp a program up to 128 segments; RMS norm then wider programs, layer norm
-    two sweeps, and for rows of no 16-element multiple too) when its segments fit in the grid;
+    that takes a row (one warp a program up to 128 segments, then wider programs; layer norm's up to
+    128 segments of 1024, then two sweeps, as for rows of no 16-element multiple) when its segments fit in the grid;
     float64 and the interpreter keep the two sweeps."""
     h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
@@ -712,7 +717,10 @@ def test_the_held_rows_rule(monkeypatch):
         assert held(rms, 4096, 32768, 8) is None  # float64
         # layer norm: the one-warp setup up to 128 segments, 12 an SM (160 registers), then two sweeps
         assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 24)
-        assert held(ln, 256, 65536 + 16, 2) is None
+        # past 128 segments of 512: 1024 columns on two warps, 6 an SM, up to 128 segments; then two sweeps
+        assert held(ln, 256, 65536 + 16, 2) == (ln.held_setups[2][1], 1024, 65, 12)
+        assert held(ln, 512, 131072, 4) == (ln.held_setups[4][1], 1024, 128, 6)
+        assert held(ln, 512, 131072 + 16, 2) is None
         assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 39)
         assert held(ln, 2000, 20008, 4) is None  # a row of no 16-element multiple
         assert held(rms, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
