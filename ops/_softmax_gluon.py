@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
 # imports this module after defining them.
 from ._cooperative import pack, poll, publish, unpack, wait_for_fill
+from ._math import exp
 from .softmax import _block_max_exp, _combine_partials, _finite_or_zero, _rescale
 
 _max_exp = gluon.jit(_block_max_exp.fn)
@@ -47,6 +48,7 @@ _unpack_word = gluon.jit(unpack.fn)
 _publish_word = gluon.jit(publish.fn)
 _poll_words = gluon.jit(poll.fn)
 _shift = gluon.jit(_finite_or_zero.fn)
+_exp = gluon.jit(exp.fn)
 _wait_for_fill = gluon.jit(wait_for_fill.fn)
 
 # Triton 3.9 renamed cp.async's global-to-shared copy and the CTA barrier.
@@ -183,7 +185,7 @@ def _segment_max_sum(stage, row_ptr, segment, n_cols, SEGMENT: gl.constexpr, CHU
     seg_max = gl.max(run_max, axis=0)
     run_sum = gl.zeros([CHUNK], gl.float32, layout)
     for c in gl.static_range(SEGMENT // CHUNK):
-        run_sum += gl.exp(_read_chunk(stage, row_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max))
+        run_sum += _exp(_read_chunk(stage, row_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max))
     return seg_max, gl.sum(run_sum, axis=0)
 
 
@@ -248,7 +250,7 @@ def softmax_forward_staged_ahead_kernel(
         stage = stages.index(round % STAGES)
         y_row = y_ptr + row.to(gl.int64) * n_cols
         for c in gl.static_range(SEGMENT // CHUNK):
-            y = gl.exp(_read_chunk(stage, x_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max)) * factor
+            y = _exp(_read_chunk(stage, x_ptr, segment, c, n_cols, SEGMENT, CHUNK, layout) - _shift(seg_max)) * factor
             chunk_cols = _chunk_cols(segment, c, SEGMENT, CHUNK, layout)
             gl.store(y_row + chunk_cols, y.to(y_ptr.dtype.element_ty), mask=chunk_cols < n_cols)
         _cta_barrier()  # every warp has read this stage: refill it

@@ -54,6 +54,7 @@ import triton.language as tl
 from ._alignment import column_multiple, known_multiple
 from ._device import kind as _kind
 from ._launch import cdiv, next_power_of_2, rows_in_tile, warps_for
+from ._math import exp
 from ._registry import (
     FLOAT32_RESULT,
     NAMESPACE,
@@ -112,7 +113,7 @@ def _merge_chunk(run_max, run_sum, x):
     new_max = tl.maximum(run_max, tl.max(x, axis=1))
     shift = _finite_or_zero(new_max)
     # Rescale the sum so far from the old max to the new one, then add this chunk.
-    return new_max, run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    return new_max, run_sum * exp(run_max - shift) + tl.sum(exp(x - shift[:, None]), axis=1)
 
 
 @triton.jit
@@ -179,7 +180,7 @@ def cross_entropy_forward_kernel(
     # All masked off (no traffic) for rows of one chunk.
     x_next = _load_logits(sweep_ptrs + BLOCK_SIZE + cols, _in_sweep(BLOCK_SIZE + cols, sweep_end, kept, PEEL))
     run_max = tl.max(x, axis=1)
-    run_sum = tl.sum(tl.exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
+    run_sum = tl.sum(exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
     if SMOOTHING:
         # mean(x) - anchor, for the smoothing term's mean logit, as a running
         # sum of (x - anchor) / n (masked lanes add 0, not -inf).  Summing x
@@ -329,7 +330,7 @@ def _logit_gradient(x, cols, row_values):
     target, lse, scale, smooth, target_weight = row_values
     if x.dtype != tl.float64:  # resolved at compile time
         x = x.to(tl.float32)
-    probs = tl.exp(x - lse)  # softmax, recomputed from the saved logsumexp
+    probs = exp(x - lse)  # softmax, recomputed from the saved logsumexp
     return (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
 
 

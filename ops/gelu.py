@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ._math import LOG2E
 from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
 from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
     ELEMENTWISE_SHAPES,
@@ -30,7 +31,6 @@ SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
 TANH_CUBIC = tl.constexpr(0.044715)
-LOG2E = tl.constexpr(1.4426950408889634)  # exp(a) = exp2(a * log2(e))
 TWO_TO_MINUS_64 = tl.constexpr(2.0**-64)
 
 # P in erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2): the polynomial of

@@ -67,6 +67,7 @@ from ._cooperative import (
 )
 from ._device import cuda_capability, kind as _kind, sm_count as _sm_count
 from ._launch import at_most, cdiv, next_power_of_2, warps_for
+from ._math import exp
 from ._registry import (
     FLOAT32_RESULT,
     GRAD,
@@ -130,7 +131,7 @@ def _finite_or_zero(row_max):
 def _block_max_exp(x):
     """max(x) and exp(x - max) of one block (-inf lanes give exp(-inf) = 0)."""
     block_max = tl.max(x, axis=0)
-    return block_max, tl.exp(x - _finite_or_zero(block_max))
+    return block_max, exp(x - _finite_or_zero(block_max))
 
 
 @triton.jit
@@ -146,7 +147,7 @@ def _rescale(part_max, row_max, row_sum):
     - row max) / row sum.  A part of -inf only gets exp(-inf - row max) = 0 (its
     numerators, exp(x - 0), are 0 too), unless the whole row is -inf: then
     exp(-inf - -inf) is NaN, and so is the row, as in torch.softmax."""
-    return tl.exp(part_max - row_max) / row_sum
+    return exp(part_max - row_max) / row_sum
 
 
 @triton.jit
@@ -157,7 +158,7 @@ def _combine_partials(part_max, part_sum):
     = 0 keeps it out.  An all -inf row has M = -inf: exp(-inf - -inf) is NaN,
     so the sum and the row are NaN, as in torch.softmax."""
     row_max = tl.max(part_max, axis=0)
-    return row_max, tl.sum(part_sum * tl.exp(part_max - row_max), axis=0)
+    return row_max, tl.sum(part_sum * exp(part_max - row_max), axis=0)
 
 
 @triton.jit
@@ -173,7 +174,7 @@ def _online_max_sum(x_ptr, start, first, end, inner, BLOCK_SIZE: tl.constexpr):
         x = _load_row(x_ptr, start, chunk + tl.arange(0, BLOCK_SIZE), end, inner, -float("inf"))
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         shift = _finite_or_zero(new_max)
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_sum = run_sum * exp(run_max - shift) + tl.sum(exp(x - shift), axis=0)
         run_max = new_max
     return run_max, run_sum
 
@@ -185,7 +186,7 @@ def _write_softmax(x_ptr, y_ptr, start, first, end, inner, row_max, row_sum, BLO
     for chunk in range(first, end, BLOCK_SIZE):
         cols = chunk + tl.arange(0, BLOCK_SIZE)
         x = _load_row(x_ptr, start, cols, end, inner, -float("inf"))
-        _store_row(y_ptr, start, cols, end, inner, tl.exp(x - row_max) / row_sum)
+        _store_row(y_ptr, start, cols, end, inner, exp(x - row_max) / row_sum)
 
 
 @triton.jit
@@ -241,7 +242,7 @@ def softmax_forward_kernel(
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     offsets, read, write = _tile(n_rows, n_cols, inner, BLOCK_M, BLOCK_N)
     x = _compute_dtype(tl.load(x_ptr + offsets, mask=read, other=-float("inf")))  # -inf lanes add exp(-inf) = 0
-    numerator = tl.exp(x - tl.max(x, axis=1)[:, None])  # subtracting the max keeps exp() from overflowing
+    numerator = exp(x - tl.max(x, axis=1)[:, None])  # subtracting the max keeps exp() from overflowing
     y = numerator / tl.sum(numerator, axis=1)[:, None]
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=write)
 
