@@ -875,10 +875,11 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
     words, overlap = held_rows_scratch(y, n_rows, n_segments)
+    flags = {"FULL": n_cols % setup.segment == 0} if setup is _STAGED_AHEAD_FORWARD else {}
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, words, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), STAGES=setup.stages,
-        VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers, **overlap,
+        VEC=16 // _widest(tensors), num_warps=setup.warps, maxnreg=setup.registers, **overlap, **flags,
     )
 
 

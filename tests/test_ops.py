@@ -681,6 +681,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
         ((500, 40000), -1, True),
         ((7, 5 * 8192 + 16), -1, True),  # fewer rows than a round holds
         ((21, 80 * 8192 + 16), -1, True),  # the Gluon forward that publishes ahead: 161 segments of 4096
+        ((9, 1 << 20), -1, True),  # whole segments: the Gluon forward that publishes ahead drops its masks
     ]
     for shape, dim, aligned in cases:
         launched.clear()
@@ -802,6 +803,8 @@ def test_softmax_staged_forward_compiles_for_hopper():
         for overlapped in (False, True):
             constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
                              STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8, OVERLAPPED=overlapped)  # fmt: skip
+            if setup is softmax_ops._STAGED_AHEAD_FORWARD:
+                constants["FULL"] = overlapped  # both bodies: masked and not
             signature.update({name: "constexpr" for name in constants})
             aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
             compiled = _build_for_hopper(GluonASTSource(kernel, signature, constants, aligned), setup)
