@@ -40,7 +40,9 @@ so is its gradient.  No memory outside the row is read.
 Precision: logits are read in their dtype and every sum, exp and log is done
 in float32 (float64 for float64 logits).  The saved logsumexp is a float32
 number (as in flash attention), so the recomputed softmax carries a relative
-error of about |lse| * 6e-8: 1e-6 for logits of magnitude 20.
+error of about |lse| * 6e-8: 1e-6 for logits of magnitude 20.  On a GPU exp
+flushes results under 2**-126 to 0 (ops/_math.py): a gradient's probabilities
+that small come out 0.
 ``label_smoothing`` reaches the kernels as a float32 scalar, as every Python
 float argument of a Triton kernel does: exact for values such as 0.25,
 within 1e-8 for 0.1.

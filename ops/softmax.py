@@ -42,6 +42,11 @@ Four designs, picked by row length, row count, dtype and device:
   Hopper take the same design written in Gluon, with the next segment
   staged in shared memory; the longest of them publish a round ahead too,
   from segments held in shared memory (ops/_softmax_gluon.py).
+
+Precision: sums in float32 (float64 for float64 inputs).  On a GPU exp runs
+as the hardware's exp2 with subnormals flushed (ops/_math.py): values of y
+under 2**-126 (1.2e-38) come out 0, where torch.softmax keeps them as
+subnormals; the interpreter (CPU) keeps them too.
 """
 
 from dataclasses import dataclass

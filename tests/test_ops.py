@@ -978,6 +978,18 @@ def test_softmax_short_rows_on_the_gpu(launched, dtype):
     assert launched[:1] == DESIGN_KERNELS["single"][:1], launched
 
 
+@pytest.mark.gpu
+def test_softmax_flushes_values_under_the_normal_range_on_the_gpu():
+    """exp runs as the GPU's exp2 with subnormals flushed (ops/_math.py): a softmax value under
+    2**-126 comes out 0 (torch.softmax keeps exp(-100) = 3.7e-44), every other one as the float64
+    reference has it; float64 keeps its subnormals."""
+    x = torch.tensor([[0.0, -100.0, -80.0, -1.0]], device="cuda")
+    y = torch.ops.tk.softmax(x, -1)
+    assert y[0, 1] == 0 and torch.softmax(x, -1)[0, 1] > 0
+    torch.testing.assert_close(y[0, [0, 2, 3]].double(), torch.softmax(x.double(), -1)[0, [0, 2, 3]], rtol=1e-6, atol=0)
+    assert torch.ops.tk.softmax(x.double(), -1)[0, 1] > 0
+
+
 # --------------------------------------------------------------------- matmul
 
 MATMUL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
