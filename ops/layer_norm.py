@@ -560,7 +560,8 @@ def _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols):
 
 @triton.jit
 def _segment_weight(w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
-    """w at `cols` in the compute dtype, loaded once a round for both rows that use it (0 without one)."""
+    """w at `cols` in the compute dtype (0 without one).  Layer norm's held kernel loads it once a
+    round for the round's two rows; RMS norm's at each use."""
     if HAS_WEIGHT:
         w = _load(w_ptr + cols, mask)
     else:
@@ -793,10 +794,10 @@ def layer_norm_backward_columns_kernel(
 #     12 run, see resident_programs_per_sm); float32 at 160 registers (no spill), 12 an SM, 92 / 87 / 78.
 #     RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32 192).  Version 39: the
 #     moments unmasked on rows of whole segments, bf16 4096x32768 74 -> 77; rows past 128 segments
-#     of 512 (65537 to 131072 columns) on 1024 / 2 / 160 / 6, 512x131072 bf16 328 -> 280 us, float32
-#     527 -> 401 us against two sweeps (at 4096x32768 and 1024x65536 it lost to 512 / 1).  At 2000x20001, rows of no
-#     16-element multiple (loads of one element), float32 fell from 54 to 39 (bf16 33 both):
-#     layer norm holds only rows of a length that is a multiple of `col_multiple`.
+#     of 512 (65537 to 131072 columns) on 1024 / 2 / 160 / 6, 512x131072 bf16 328 -> 280 us,
+#     float32 527 -> 401 us against two sweeps (at 4096x32768 and 1024x65536 it lost to 512 / 1).
+#     At 2000x20001, rows of no 16-element multiple (loads of one element), float32 fell from 54
+#     to 39 (bf16 33 both): layer norm holds only rows of a length that is a multiple of `col_multiple`.
 # The interpreter runs one program after another: off on CPU, except in
 # tests, which then take the path that computes the partials itself, over
 # _CPU_HELD_SEGMENT columns.

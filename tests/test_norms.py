@@ -747,12 +747,15 @@ def test_held_setups_without_a_held_kernel_are_refused():
 @pytest.mark.parametrize("op", HELD_OPS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
-    """Rows held across programs on the GPU: rows not cut evenly by segments, rows not cut evenly by
-    rounds, both setups of RMS norm, against float64; and a run in which no program waits (each
-    computes its rows' partials itself) gives the same bits as the run in which they read each
-    other's words, as does a run in which the kernel starts only after its scratch fill ends."""
+    """Rows held across programs on the GPU: rows not cut evenly by segments and rows of whole ones
+    (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, against
+    float64; and a run in which no program waits (each computes its rows' partials itself) gives the
+    same bits as the run in which they read each other's words, as does a run in which the kernel
+    starts only after its scratch fill ends."""
     tk_fn, torch_fn = HELD_OPS[op]
-    for n_rows, n_cols in [(1000, 20001), (40, 70001)] if op == "rms_norm" else [(1000, 20000)]:
+    rms_cases = [(1000, 20001), (40, 70001)]
+    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072)]  # the last two: 1024 columns a program
+    for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
         x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
         grad = torch.randn_like(x)
         weight, bias = params(n_cols, "cuda", dtype)
