@@ -18,7 +18,7 @@ points (bf16 81-94 against this kernel's 81-93); the stages still win on
 the longest rows (128 and 64 rows of 524288 and 1048576 columns).  Float32
 rows now take the Triton kernel that publishes a round ahead
 (``softmax_forward_lagged_kernel``), which beat this one's float32 setup.
-Rows of more than 64 segments take a second kernel here, which publishes a
+Rows of more than 32 segments take a second kernel here, which publishes a
 round ahead too and keeps whole segments in shared memory (see the end of
 the module): rows of 1M columns went from 81% to 86%.
 
@@ -148,7 +148,7 @@ def softmax_forward_staged_kernel(
 
 
 # ---------------------------------------------------------------------------
-# Rows of more than 64 segments: publish a round ahead.
+# Rows of more than 32 segments (ops/softmax.py, _AHEAD_PAST_SEGMENTS): publish a round ahead.
 # ---------------------------------------------------------------------------
 # Above, every program of a round waits for the slowest of the row's programs
 # before it writes; with 128 or 256 programs a row (rows of 1M or 2M columns)

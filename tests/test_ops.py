@@ -759,9 +759,9 @@ def test_softmax_staged_forward_rule(monkeypatch):
 
     assert setup() is softmax_ops._STAGED_FORWARD[2]
     assert setup(y_size=4) is softmax_ops._STAGED_FORWARD[2]  # a float32 result of a 16-bit x: staged too
-    ahead = softmax_ops._STAGED_AHEAD_FORWARD  # past 64 segments of 8192 columns: the kernel publishing ahead
-    assert setup(n_cols=64 * 8192) is softmax_ops._STAGED_FORWARD[2]
-    assert setup(n_cols=64 * 8192 + 16) is ahead and setup(n_cols=1 << 21) is ahead
+    ahead = softmax_ops._STAGED_AHEAD_FORWARD  # past 32 segments of 8192 columns: the kernel publishing ahead
+    assert setup(n_cols=32 * 8192) is softmax_ops._STAGED_FORWARD[2]
+    assert setup(n_cols=32 * 8192 + 16) is ahead and setup(n_cols=1 << 21) is ahead
     assert setup(n_cols=1 << 20, y_size=4) is softmax_ops._STAGED_FORWARD[2]  # its stores were not waiting
     assert setup(n_cols=(1 << 20) + 8) is None and setup(n_cols=1 << 20, offset=2) is None  # alignment first
     assert setup(size=4) is None  # float32: the lagged Triton kernel
