@@ -829,6 +829,7 @@ class NormKernels:
     # The widest input's element size -> HeldRows, the first that takes a row (none: no held kernel).
     held_setups: dict = field(default_factory=dict)
     held_words: int = 1  # words a segment publishes
+    held_full_rows: bool = False  # the held kernel takes FULL: rows of whole segments, unmasked moments
 
     def __post_init__(self):
         if self.held_setups and self.backward_held is None:
@@ -847,6 +848,7 @@ LAYER_NORM_KERNELS = NormKernels(
         4: (HeldRows(512, 1, 160, 12, 128, 16), HeldRows(1024, 2, 160, 6, 128, 16)),
     },
     held_words=2,
+    held_full_rows=True,
 )
 
 # --------------------------------------------------------------------------
@@ -1051,7 +1053,7 @@ def normalize_backward(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
             n_segments, rows_at_once, _MAX_SPINS[kind], **flags, **overlap,
             SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), ROWS_AHEAD=setup.rows_ahead,
-            FULL=n_cols % segment == 0,
+            **({"FULL": n_cols % segment == 0} if kernels.held_full_rows else {}),
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

@@ -191,7 +191,7 @@ def rms_norm_backward_held_kernel(
     n_segments, rows_at_once, max_spins,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
-    ROWS_AHEAD: tl.constexpr = 1, FULL: tl.constexpr = False,
+    ROWS_AHEAD: tl.constexpr = 1,
 ):  # fmt: skip
     """Long rows held on chip across programs, publishing a round ahead: the next
     row's partial goes out before the wait for this row's words, then dx is
@@ -199,8 +199,8 @@ def rms_norm_backward_held_kernel(
     program's dw accumulator goes out as row `first_row` of the (rows_at_once, N)
     scratch.  ROWS_AHEAD=2 also loads the segment of the row after next at the top of
     a round, so those loads are in flight while the round polls and writes (a third
-    segment's registers; see HeldRows).  (BIAS_GRAD, db_partial_ptr and FULL: the
-    signature is layer norm's; its sums need no mask, as masked lanes load 0.)"""
+    segment's registers; see HeldRows).  (BIAS_GRAD and db_partial_ptr: the signature
+    is layer norm's.)"""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     mask = cols < n_cols
