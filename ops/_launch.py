@@ -28,9 +28,11 @@ Triton binaries written in C++, the one Inductor's generated code uses
 (``torch._C._StaticCudaLauncher``): 6.5 µs there.  Given the binary's loaded
 function, its block size, shared memory and the C types of its runtime
 arguments, it launches; ``direct_launch_plan`` reads those from the compiled
-kernel.  A binary it cannot describe (scratch memory, clusters, cooperative
-launches, an argument type it does not know), or a torch without that
-launcher, keeps Triton's.  A binary compiled for programmatic dependent
+kernel.  A binary that needs global scratch memory (a tensor descriptor
+built inside the kernel is written there) gets it here, allocated for each
+launch as Triton's launcher does.  A binary it cannot describe (profiling
+scratch, clusters, cooperative launches, an argument type it does not
+know), or a torch without that launcher, keeps Triton's.  A binary compiled for programmatic dependent
 launch (``launch_pdl``) is launched by Triton's launcher, which sets that
 launch attribute where PyTorch's sets none, and is described all the same,
 so that the native lane replays it with the attribute.
@@ -139,21 +141,28 @@ def specialization_key(args, kwargs):
 # reads; 16-bit floats travel as fp32 arguments, as Triton passes them.
 _C_TYPES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B", "u16": "H", "u32": "I",
             "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "fp64": "d"}  # fmt: skip
-# Buffers some binaries take after their arguments: passed as null when the
-# binary needs none of it; a binary that does need one keeps Triton's launcher.
+# Buffers some binaries take after their arguments, passed as null when the
+# binary needs none of it.  Global scratch is allocated per launch (bytes a
+# program x programs); a binary that needs profiling scratch keeps Triton's
+# launcher.
 _SCRATCH = ("global_scratch_size", "profile_scratch_size")
+_ALLOCATION_ALIGNMENT = 512  # what PyTorch's CUDA caching allocator guarantees
 
 
 def direct_launch_plan(compiled, n_params: int):
-    """``(function, warps, shared, C types, pick, scratch, overlapped)`` for launching ``compiled`` through
-    PyTorch's C++ launcher, or None where that launcher cannot: ``pick(all_arguments)`` selects the runtime
-    ones, in order; ``overlapped``: the binary is for programmatic dependent launch (see the module docstring)."""
+    """``(function, warps, shared, C types, pick, scratch, overlapped, scratch bytes)`` for launching
+    ``compiled`` through PyTorch's C++ launcher, or None where that launcher cannot: ``pick(all_arguments)``
+    selects the runtime ones, in order; ``overlapped``: the binary is for programmatic dependent launch (see
+    the module docstring); ``scratch bytes``: the global scratch each program needs (0: none)."""
     meta = compiled.metadata
     if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
         return None
     if getattr(meta, "cluster_dims", None) not in (None, (1, 1, 1)):
         return None
-    if any(getattr(meta, name, 0) for name in _SCRATCH):
+    if getattr(meta, "profile_scratch_size", 0):
+        return None
+    scratch_bytes = getattr(meta, "global_scratch_size", 0)
+    if scratch_bytes and getattr(meta, "global_scratch_align", 1) > _ALLOCATION_ALIGNMENT:
         return None
     src = compiled.src
     names = list(src.signature)
@@ -177,7 +186,16 @@ def direct_launch_plan(compiled, n_params: int):
         pick = operator.itemgetter(*indices)
     else:
         pick = (lambda a, i=indices[0]: (a[i],)) if indices else (lambda a: ())
-    return compiled.function, meta.num_warps, meta.shared, types, pick, scratch, bool(getattr(meta, "launch_pdl", False))
+    overlapped = bool(getattr(meta, "launch_pdl", False))
+    if overlapped and scratch_bytes:  # Triton's launcher launches those, with scratch of its own
+        return None
+    return compiled.function, meta.num_warps, meta.shared, types, pick, scratch, overlapped, scratch_bytes
+
+
+def _global_scratch(nbytes: int, device: int) -> torch.Tensor:
+    """A launch's global scratch: fresh memory from PyTorch's allocator, freed once the launch is queued
+    (the allocator hands it out again only to work queued after it on the stream)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
 
 
 def _report(compiled, function, grid, warps, shared, types, values, overlapped) -> None:
@@ -235,7 +253,9 @@ class FastKernel:
         x, y, z = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
         stream = self.current_stream(device)
         if direct is not None:
-            function, warps, shared, types, pick, scratch, overlapped = direct
+            function, warps, shared, types, pick, scratch, overlapped, scratch_bytes = direct
+            if scratch_bytes:  # as Triton's launcher does; the native lane records it as a temporary
+                scratch = (_global_scratch(x * y * z * scratch_bytes, device), *scratch[1:])
             values = pick((*args, *tail)) + scratch
             if overlapped:  # PyTorch's launcher sets no launch attributes: Triton's sets the programmatic one
                 self._run(compiled, x, y, z, stream, args, tail)

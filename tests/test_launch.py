@@ -64,8 +64,8 @@ def _compiled(signature, constants, **meta):
 def test_direct_launch_plan_passes_the_runtime_arguments_with_their_c_types():
     signature = {"x_ptr": "*bf16", "y_ptr": "*fp32", "n": "i32", "stride": "i64", "eps": "fp32", "one": "i32", "BLOCK": "constexpr"}
     compiled = _compiled(signature, {(5,): 1, (6,): 128})  # `one` was 1, folded into the binary like BLOCK
-    function, warps, shared, types, pick, scratch, overlapped = direct_launch_plan(compiled, len(signature))
-    assert (function, warps, shared, overlapped) == (1234, 4, 1024, False)
+    function, warps, shared, types, pick, scratch, overlapped, scratch_bytes = direct_launch_plan(compiled, len(signature))
+    assert (function, warps, shared, overlapped, scratch_bytes) == (1234, 4, 1024, False, 0)
     assert types == "OOilfOO" and scratch == (None, None)  # two null scratch buffers close the list
     x, y = torch.empty(2), torch.empty(2)
     assert pick((x, y, 10, 20, 0.5, 1, 128)) == (x, y, 10, 20, 0.5)
@@ -102,13 +102,34 @@ def test_a_remembered_binary_launches_through_the_cpp_launcher(monkeypatch):
     assert passed == (*args, None, None) and not compiled.triton_runs
 
 
+def test_a_binary_that_needs_global_scratch_gets_a_fresh_buffer_sized_by_its_grid(monkeypatch):
+    """Device-side tensor descriptors (the TMA matmul) are written to global scratch, bytes a program:
+    the C++ launcher gets a buffer of programs x bytes, allocated for each launch as Triton's does."""
+    calls, allocated = [], []
+    fast, compiled, key, args, kwargs = _remembered_gelu_binary(
+        monkeypatch, lambda *launch: calls.append(launch), global_scratch_size=128, global_scratch_align=128
+    )
+    assert fast.binaries[key][3][-1] == 128
+
+    def scratch(nbytes, device):
+        allocated.append((nbytes, device))
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(_launch, "_global_scratch", scratch)
+    fast[(3, 2, 1)](*args, **kwargs)
+    fast[(5, 1, 1)](*args, **kwargs)
+    assert allocated == [(6 * 128, 0), (5 * 128, 0)]
+    assert [launch[7][3].numel() for launch in calls] == [6 * 128, 5 * 128]  # the buffer, then a null profile scratch
+    assert all(launch[7][4] is None and launch[7][:3] == args for launch in calls) and not compiled.triton_runs
+
+
 def test_a_programmatic_dependent_binary_launches_through_triton_and_is_recorded_as_one(monkeypatch):
     """PyTorch's launcher sets no launch attributes, so a binary built with launch_pdl goes through
     Triton's, which sets it; the native lane's recorder still gets the launch, marked overlapped."""
     calls, recorded = [], []
     fast, compiled, key, args, kwargs = _remembered_gelu_binary(monkeypatch, lambda *launch: calls.append(launch),
                                                                 launch_pdl=True)  # fmt: skip
-    assert fast.binaries[key][3][-1] is True
+    assert fast.binaries[key][3][6] is True  # overlapped
     recorder = SimpleNamespace(launch=lambda *launch: recorded.append(launch))
     monkeypatch.setattr(_launch.recording, "current", recorder, raising=False)
     assert fast[(3,)](*args, **kwargs) is compiled
@@ -150,7 +171,9 @@ def test_a_binary_the_cpp_launcher_refuses_goes_back_to_tritons_launcher(monkeyp
 @pytest.mark.parametrize(
     "signature, meta",
     [
-        ({"x_ptr": "*fp16"}, {"global_scratch_size": 64}),  # device-side tensor descriptors need scratch memory
+        ({"x_ptr": "*fp16"}, {"profile_scratch_size": 64}),  # instrumented binaries
+        ({"x_ptr": "*fp16"}, {"global_scratch_size": 64, "global_scratch_align": 1024}),  # more than torch aligns to
+        ({"x_ptr": "*fp16"}, {"global_scratch_size": 64, "launch_pdl": True}),  # Triton's launcher: scratch of its own
         ({"x_ptr": "*fp16"}, {"launch_cooperative_grid": True}),
         ({"x_ptr": "*fp16"}, {"num_ctas": 2}),
         ({"x_ptr": "*fp16"}, {"cluster_dims": (2, 1, 1)}),
@@ -184,9 +207,9 @@ def test_fast_launches_on_aligned_and_misaligned_views_match_float64():
 
 @pytest.mark.gpu
 def test_binaries_launch_through_torchs_cpp_launcher_where_it_can():
-    """Integers folded into the binary (a single row), float arguments (eps), an autotuned kernel: each
-    launched twice (the second time from the remembered binary) and checked.  The TMA matmul, which needs
-    scratch memory, keeps Triton's launcher."""
+    """Integers folded into the binary (a single row), float arguments (eps), an autotuned kernel, the TMA
+    matmul (which needs global scratch): each launched twice (the second time from the remembered binary)
+    and checked."""
     if _launch._launch_kernel is None:
         pytest.skip("this torch has no C++ launcher for Triton binaries")
     x = torch.randn(1, 3000, device="cuda")
@@ -203,7 +226,12 @@ def test_binaries_launch_through_torchs_cpp_launcher_where_it_can():
     assert sum(plan is not None for _, plan in plans) >= 3, plans  # softmax, layer_norm, the pointer matmul
     tma = _launch._fast[id(matmul_module.matmul_tma_kernel_autotuned)].binaries.values()
     assert tma, "the TMA matmul was not launched"
-    assert all(found[3] is None for found in tma), [found[0].metadata for found in tma]
+    assert all(found[3] is not None and found[3][-1] > 0 for found in tma), [found[0].metadata for found in tma]
+    # Other grids and layouts through the same remembered binaries: the scratch follows the grid.
+    for m, n, k in [(2048, 4096, 256), (4096, 2048, 512)]:
+        p, q = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            assert_close(torch.ops.tk.matmul(p, q.t()), p.double() @ q.t().double(), torch.bfloat16)
 
 
 @pytest.mark.gpu
