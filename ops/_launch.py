@@ -32,10 +32,11 @@ kernel.  A binary that needs global scratch memory (a tensor descriptor
 built inside the kernel is written there) gets it here, allocated for each
 launch as Triton's launcher does.  A binary it cannot describe (profiling
 scratch, clusters, cooperative launches, an argument type it does not
-know), or a torch without that launcher, keeps Triton's.  A binary compiled for programmatic dependent
-launch (``launch_pdl``) is launched by Triton's launcher, which sets that
-launch attribute where PyTorch's sets none, and is described all the same,
-so that the native lane replays it with the attribute.
+know), or a torch without that launcher, keeps Triton's.  A binary
+compiled for programmatic dependent launch (``launch_pdl``) is launched by
+Triton's launcher, which sets that launch attribute where PyTorch's sets
+none, and is described all the same, so that the native lane replays it
+with the attribute.
 """
 
 import operator
