@@ -8,9 +8,9 @@ a user pays for a small tensor.  For calls under 250 µs
 the time without launch overhead, pooled over interleaved rounds too.  A
 graph replays too fast for an L2 flush between calls, so the graph calls
 the op in turn on *copies* of its inputs, enough of them to fill twice the
-L2 cache: each call then reads its inputs from DRAM, as after a flush.  (Without that, a 32 MB weight read by
-a decoding matmul would stay in the H100's 50 MB L2 from one replay to the
-next and read at L2 speed.)
+L2 cache: each call then reads its inputs from DRAM, as after a flush.
+(Without that, a 32 MB weight read by a decoding matmul would stay in the
+H100's 50 MB L2 from one replay to the next and read at L2 speed.)
 
 CPU: wall clock (``time.perf_counter``) around each call, repeated.
 

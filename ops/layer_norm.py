@@ -776,8 +776,8 @@ def layer_norm_backward_columns_kernel(
 # op that has that kernel, by the setups in its NormKernels (keyed by the widest
 # input's element size); float64, and rows no setup takes, keep the two-sweep
 # design.  A program holds `segment` columns of x and dy, twice (this row's and
-# the next's; three times with rows_ahead 2), and of its accumulators, on `warps` warps at most `registers`
-# registers a thread, `programs_per_sm` an SM, for rows of at most
+# the next's; three times with rows_ahead 2), and of its accumulators, on
+# `warps` warps at most `registers` registers a thread, `programs_per_sm` an SM, for rows of at most
 # `max_segments` segments (None: as many as the grid holds).  One warp a
 # program reduces and polls without a barrier: up to 128 segments a row it won
 # everywhere.  H100, % of a copy of the same bytes at 8192x12288 / 4096x32768
@@ -834,6 +834,15 @@ class NormKernels:
     def __post_init__(self):
         if self.held_setups and self.backward_held is None:
             raise ValueError("NormKernels: held_setups name setups for a backward_held kernel, and there is none")
+
+
+def held_layout(kernels: NormKernels, setup: HeldRows, n_cols: int, segment: int) -> dict:
+    """The held kernel's constexprs that follow from its setup and the row: ROWS_AHEAD, and FULL
+    (rows of whole segments) where the kernel takes it."""
+    layout = {"ROWS_AHEAD": setup.rows_ahead}
+    if kernels.held_full_rows:
+        layout["FULL"] = n_cols % segment == 0
+    return layout
 
 
 LAYER_NORM_KERNELS = NormKernels(
@@ -1052,8 +1061,8 @@ def normalize_backward(
         _launch(
             kernel, (rows_at_once * n_segments,), grad, x, w, dx, dw_partial, db_partial, words, n_rows, n_cols, eps,
             n_segments, rows_at_once, _MAX_SPINS[kind], **flags, **overlap,
-            SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), ROWS_AHEAD=setup.rows_ahead,
-            **({"FULL": n_cols % segment == 0} if kernels.held_full_rows else {}),
+            SEGMENT=segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments),
+            **held_layout(kernels, setup, n_cols, segment),
         )  # fmt: skip
     else:
         chunk = _CHUNK[kind]

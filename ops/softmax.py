@@ -671,6 +671,7 @@ class _Cooperative:
     lagged: bool  # publishes a round ahead (no LOAD_NEXT: the next round is loaded before the wait)
     shared: int = 0  # bytes of shared memory a program asks for (the Gluon kernels' stages)
     stages: int = 0  # the Gluon kernels' segments staged in shared memory
+    full_rows: bool = False  # the kernel takes FULL: rows of whole segments, read without masks
 
 
 def _cooperative(kernel, segment: int, warps: int, registers: int, programs_per_sm: int) -> _Cooperative:
@@ -707,10 +708,12 @@ except (ImportError, AttributeError):  # pragma: no cover - a Triton without the
     _softmax_gluon = None
 
 
-def _staged(kernel, segment: int, warps: int, programs_per_sm: int, stages: int) -> _Cooperative:
+def _staged(
+    kernel, segment: int, warps: int, programs_per_sm: int, stages: int, full_rows: bool = False
+) -> _Cooperative:
     """A Gluon forward's setup for 16-bit x: 64 registers a thread, `stages` segments of x in shared memory."""
     return _Cooperative(kernel, segment, warps, 64, programs_per_sm, lagged=False, shared=stages * segment * 2,
-                        stages=stages)  # fmt: skip
+                        stages=stages, full_rows=full_rows)  # fmt: skip
 
 
 # Rows of more than _AHEAD_PAST_SEGMENTS segments of 8192 columns, in x's dtype,
@@ -732,7 +735,9 @@ _AHEAD_PAST_SEGMENTS = 32
 
 if _softmax_gluon is not None:
     _STAGED_FORWARD = {2: _staged(_softmax_gluon.softmax_forward_staged_kernel, 8192, 8, 4, stages=2)}
-    _STAGED_AHEAD_FORWARD = _staged(_softmax_gluon.softmax_forward_staged_ahead_kernel, 4096, 4, 8, stages=3)
+    # Only this one takes FULL: the other Gluon forward ran 1.5-3% slower with it (perf notes 39).
+    _STAGED_AHEAD_FORWARD = _staged(_softmax_gluon.softmax_forward_staged_ahead_kernel, 4096, 4, 8, stages=3,
+                                    full_rows=True)  # fmt: skip
 else:  # pragma: no cover - a Triton without Gluon
     _STAGED_FORWARD, _STAGED_AHEAD_FORWARD = {}, None
 
@@ -884,7 +889,7 @@ def _run_staged(setup: _Cooperative, plan, tensors, n_cols):
     n_rows = y.numel() // n_cols
     n_segments, rows_at_once = plan
     words, overlap = held_rows_scratch(y, n_rows, n_segments)
-    flags = {"FULL": n_cols % setup.segment == 0} if setup is _STAGED_AHEAD_FORWARD else {}
+    flags = {"FULL": n_cols % setup.segment == 0} if setup.full_rows else {}
     launcher(setup.kernel, y)[(rows_at_once * n_segments,)](
         x, y, words, n_rows, n_cols, n_segments, rows_at_once, _MAX_SPINS["cuda"],
         SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), STAGES=setup.stages,

@@ -642,7 +642,7 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
             grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
             HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
             SEGMENTS_BLOCK=ops._cooperative.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
-            ROWS_AHEAD=rows_ahead, **({"FULL": n_cols % segment == 0} if kernels.held_full_rows else {}),
+            **{**norm_ops.held_layout(kernels, setup, n_cols, segment), "ROWS_AHEAD": rows_ahead},
         )  # fmt: skip
         results.append((dx, dw_partial))
     return results, words

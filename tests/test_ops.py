@@ -798,12 +798,13 @@ def test_softmax_staged_forward_compiles_for_hopper():
     for setup, y_dtype in [(softmax_ops._STAGED_FORWARD[2], "bf16"), (softmax_ops._STAGED_FORWARD[2], "fp32"),
                            (softmax_ops._STAGED_AHEAD_FORWARD, "bf16")]:  # fmt: skip
         kernel = setup.kernel
+        assert ("FULL" in kernel.arg_names) == setup.full_rows  # _run_staged passes FULL by the setup's word
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr="*bf16", y_ptr=f"*{y_dtype}", words_ptr="*i64")
         for overlapped in (False, True):
             constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
                              STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8, OVERLAPPED=overlapped)  # fmt: skip
-            if setup is softmax_ops._STAGED_AHEAD_FORWARD:
+            if setup.full_rows:
                 constants["FULL"] = overlapped  # both bodies: masked and not
             signature.update({name: "constexpr" for name in constants})
             aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
