@@ -142,10 +142,10 @@ def _classify_target(target_ptr, rows, n_rows, n_cols, ignore_index):
 
 @triton.jit
 def cross_entropy_forward_kernel(
-    logits_ptr, target_ptr, loss_ptr, lse_ptr,
+    logits_ptr, target_ptr, loss_ptr, lse_ptr, ticket_ptr,
     n_rows, n_cols, row_stride, ignore_index, label_smoothing,
     SMOOTHING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    PEEL: tl.constexpr,
+    PEEL: tl.constexpr, ZERO_TICKET: tl.constexpr,
 ):  # fmt: skip
     """Each row's loss and logsumexp, in one sweep over its logits.
 
@@ -157,7 +157,12 @@ def cross_entropy_forward_kernel(
 
     PEEL (the elements in 16 bytes, or 0): one contiguous row that does not
     start on a 16-byte boundary, swept from the boundary before it, its first
-    and last partial runs apart (as the backward's _sweep_peeled does)."""
+    and last partial runs apart (as the backward's _sweep_peeled does).
+
+    ZERO_TICKET: program 0 sets the reduce kernel's ticket to 0 (see there)."""
+    if ZERO_TICKET:
+        if tl.program_id(0) == 0:
+            tl.store(ticket_ptr, 0)
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row_stride = known_multiple(row_stride, COL_MULTIPLE)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * row_stride may pass 2**31
@@ -237,27 +242,59 @@ def _kept_rows(target_ptr, rows, n_rows, ignore_index):
 
 
 @triton.jit
+def _part_rows(n_rows, rows_per_part):
+    """This program's part of the N rows: its first row (int64) and one past its last."""
+    first = tl.program_id(0).to(tl.int64) * rows_per_part
+    return first, tl.minimum(first + rows_per_part, n_rows)
+
+
+@triton.jit
 def cross_entropy_reduce_kernel(
-    row_loss_ptr, target_ptr, out_ptr, n_rows, ignore_index, MEAN: tl.constexpr, BLOCK_SIZE: tl.constexpr
-):
+    row_loss_ptr, target_ptr, part_sum_ptr, part_kept_ptr, ticket_ptr, out_ptr,
+    n_rows, rows_per_part, ignore_index,
+    MEAN: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_PARTS: tl.constexpr,
+):  # fmt: skip
     """The sum of the row losses, divided by the number of kept rows for MEAN.
 
-    One program: N row losses are a few kilobytes next to the N x C logits.
-    Each lane keeps its own partial sum, added up once at the end, in a fixed
-    order: the result is the same from run to run (no atomics).  No kept row
-    at all gives 0 / 0 = NaN for the mean, as in PyTorch.
+    Two steps in one launch.  Each program sums its part of the rows (a
+    partial sum and a count of kept rows) and takes a ticket; the program
+    that draws the last ticket adds the partials up, in part order.  Which
+    program that is changes from run to run, the order of the additions does
+    not: the result has the same bits every time (no float atomics).  The
+    ticket starts at 0: the forward row kernel, which runs just before on the
+    same stream, zeroes it (ZERO_TICKET).  A program's stores reach the
+    others before its ticket (the atomic releases them), and the last one's
+    loads come after its ticket (it acquires them).  One part needs no ticket.
+    No kept row at all gives 0 / 0 = NaN for the mean, as in PyTorch.
     """
-    rows = tl.arange(0, BLOCK_SIZE)
-    total = tl.load(row_loss_ptr + rows, mask=rows < n_rows, other=0.0)  # sets the dtype: float32 or float64
-    kept = _kept_rows(target_ptr, rows, n_rows, ignore_index)
-    for first in range(BLOCK_SIZE, n_rows, BLOCK_SIZE):
-        rows = first + tl.arange(0, BLOCK_SIZE)
-        total += tl.load(row_loss_ptr + rows, mask=rows < n_rows, other=0.0)
-        kept += _kept_rows(target_ptr, rows, n_rows, ignore_index)
-    result = tl.sum(total, axis=0)
+    first, end = _part_rows(n_rows, rows_per_part)
+    rows = first + tl.arange(0, BLOCK_SIZE)
+    total = tl.load(row_loss_ptr + rows, mask=rows < end, other=0.0)  # sets the dtype: float32 or float64
+    kept = _kept_rows(target_ptr, rows, end, ignore_index)
+    for chunk in range(first + BLOCK_SIZE, end, BLOCK_SIZE):
+        rows = chunk + tl.arange(0, BLOCK_SIZE)
+        total += tl.load(row_loss_ptr + rows, mask=rows < end, other=0.0)
+        kept += _kept_rows(target_ptr, rows, end, ignore_index)
+    total, kept = tl.sum(total, axis=0), tl.sum(kept, axis=0)
+    n_parts = tl.num_programs(0)
+    if n_parts > 1:
+        tl.store(part_sum_ptr + tl.program_id(0), total)
+        tl.store(part_kept_ptr + tl.program_id(0), kept)
+        if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == n_parts - 1:
+            parts = tl.arange(0, MAX_PARTS)
+            # .cg: from L2, where the other programs' partials are, not from this SM's L1
+            total = tl.sum(tl.load(part_sum_ptr + parts, mask=parts < n_parts, other=0.0, cache_modifier=".cg"))
+            kept = tl.sum(tl.load(part_kept_ptr + parts, mask=parts < n_parts, other=0, cache_modifier=".cg"))
+            _store_loss(out_ptr, total, kept, MEAN)
+    else:
+        _store_loss(out_ptr, total, kept, MEAN)
+
+
+@triton.jit
+def _store_loss(out_ptr, total, kept, MEAN: tl.constexpr):
     if MEAN:
-        result = result / tl.sum(kept, axis=0).to(result.dtype)
-    tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
+        total = total / kept.to(total.dtype)
+    tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
 # --------------------------------------------------------------------------
@@ -266,22 +303,22 @@ def cross_entropy_reduce_kernel(
 
 
 @triton.jit
-def cross_entropy_mean_scale_kernel(grad_ptr, target_ptr, scale_ptr, n_rows, ignore_index, BLOCK_SIZE: tl.constexpr):
-    """reduction="mean": every kept row's loss gradient is grad / (number of kept rows)."""
-    rows = tl.arange(0, BLOCK_SIZE)
-    kept = _kept_rows(target_ptr, rows, n_rows, ignore_index)
-    for first in range(BLOCK_SIZE, n_rows, BLOCK_SIZE):
-        kept += _kept_rows(target_ptr, first + tl.arange(0, BLOCK_SIZE), n_rows, ignore_index)
-    grad = tl.load(grad_ptr).to(scale_ptr.dtype.element_ty)
-    # No kept row: every row's gradient is 0 whatever the scale; 1 avoids a division by 0.
-    tl.store(scale_ptr, grad / tl.maximum(tl.sum(kept, axis=0), 1).to(grad.dtype))
+def cross_entropy_count_kernel(target_ptr, part_kept_ptr, n_rows, rows_per_part, ignore_index, BLOCK_SIZE: tl.constexpr):
+    """reduction="mean": each program counts the kept rows of its part.  The backward row kernel
+    adds the counts up itself (MEAN_PARTS), so no program waits for another."""
+    first, end = _part_rows(n_rows, rows_per_part)
+    kept = _kept_rows(target_ptr, first + tl.arange(0, BLOCK_SIZE), end, ignore_index)
+    for chunk in range(first + BLOCK_SIZE, end, BLOCK_SIZE):
+        kept += _kept_rows(target_ptr, chunk + tl.arange(0, BLOCK_SIZE), end, ignore_index)
+    tl.store(part_kept_ptr + tl.program_id(0), tl.sum(kept, axis=0))
 
 
 @triton.jit
 def cross_entropy_backward_kernel(
-    logits_ptr, target_ptr, lse_ptr, scale_ptr, dlogits_ptr,
-    n_rows, n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
+    logits_ptr, target_ptr, lse_ptr, scale_ptr, part_kept_ptr, dlogits_ptr,
+    n_rows, n_cols, row_stride, scale_stride, n_parts, ignore_index, label_smoothing,
     BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr, PEEL: tl.constexpr,
+    MEAN_PARTS: tl.constexpr,
 ):  # fmt: skip
     """dx = (exp(x - lse) - (1 - s) * onehot(t) - s / C) * g over a tile of BLOCK_M rows.
 
@@ -292,7 +329,9 @@ def cross_entropy_backward_kernel(
 
     g is read at row * scale_stride: the (N,) gradient of reduction="none"
     (stride 0 when it was expanded from a scalar), or one scalar for "sum"
-    and "mean" (stride 0).
+    and "mean" (stride 0).  For "mean" (MEAN_PARTS, a power of two >= n_parts)
+    it is divided by the number of kept rows, which each program adds up from
+    cross_entropy_count_kernel's n_parts counts (a few hundred bytes from L2).
 
     PEEL (the elements in 16 bytes, or 0): one contiguous row that does not
     start on a 16-byte boundary, swept as _sweep_peeled does.
@@ -304,6 +343,11 @@ def cross_entropy_backward_kernel(
     exists = rows < n_rows
     lse = tl.load(lse_ptr + rows, mask=exists, other=0.0)  # float32, or float64: the compute dtype
     scale = tl.load(scale_ptr + rows * scale_stride, mask=exists, other=0.0).to(lse.dtype)
+    if MEAN_PARTS:
+        parts = tl.arange(0, MEAN_PARTS)
+        n_kept = tl.sum(tl.load(part_kept_ptr + parts, mask=parts < n_parts, other=0), axis=0)
+        # No kept row: every row's gradient is 0 whatever the scale; 1 avoids a division by 0.
+        scale = scale / tl.maximum(n_kept, 1).to(scale.dtype)
     scale = tl.where(in_range, scale, float("nan"))  # an out-of-range target: a NaN row
     scale = tl.where(ignored, 0.0, scale)  # ignored: exactly 0, whatever the incoming gradient
     smoothing = tl.cast(label_smoothing, lse.dtype)  # float64 logits: s / C in float64
@@ -390,8 +434,19 @@ _MAX_CHUNK = {"cuda": 4096, "cpu": 1 << 14}
 # 49 / 78, level elsewhere (version 29, where two other designs are measured).
 _STACKED_ROW = {"cuda": 256, "cpu": 1 << 14}
 _ROW_TILE = {"cuda": 2048, "cpu": 1 << 14}
-# The single-program reductions over the N rows, about 16 a thread.
-_REDUCE_BLOCK = {"cuda": 8192, "cpu": 1 << 16}
+# The reductions over the N rows (the forward's sum of the row losses, the
+# backward's count of kept rows for "mean") split the rows into at most
+# _REDUCE_PARTS parts, one a program, each a whole number of chunks of
+# _REDUCE_CHUNK rows (8 a thread on a GPU): one chunk a program up to
+# 131072 rows.  They were one program over all the rows, in chunks of 8192 on
+# 16 warps: latency-bound, each chunk a round trip to memory.  H100, CUDA-graph
+# time of an op with "mean" less the same op with "none" ("sum" for the
+# backward), before -> now: forward 32768x1000 bf16 9.9 -> 4.0 µs (of 35.4),
+# 16384x4096 3.5 -> 1.7; backward 5.6 -> 2.0 and 3.5 -> 1.9.  The forward's sum
+# alone at 16384 rows: 16 programs of one chunk 5.0 µs, 4 of four chunks 8.3,
+# one program 18.4 (docs/perf-notes.md, version 41).
+_REDUCE_CHUNK = {"cuda": 1024, "cpu": 1 << 16}
+_REDUCE_PARTS = 128  # also the length of the loads that add the partials up: a power of two
 
 
 def _forward_per_thread(n_cols: int, block: int, element_size: int) -> int:
@@ -452,8 +507,12 @@ def _peel(rows: int, logits: torch.Tensor, col_multiple: int) -> int:
     return vector if rows == 1 and logits.stride(0) == n_cols and not aligned and n_cols >= 2 * vector else 0
 
 
-def _reduce_block(n_rows: int, device: torch.device) -> int:
-    return min(next_power_of_2(max(n_rows, 1)), _REDUCE_BLOCK[_kind(device)])
+def _reduce_parts(n_rows, device: torch.device) -> tuple[int, int, int, int]:
+    """(programs, rows a program, chunk, num_warps) of the reductions over the N rows: at most
+    _REDUCE_PARTS programs, each over a whole number of chunks, at least one program."""
+    chunk = _REDUCE_CHUNK[_kind(device)]
+    per_part = chunk * max(cdiv(n_rows, _REDUCE_PARTS * chunk), 1)
+    return max(cdiv(n_rows, per_part), 1), per_part, chunk, warps_for(chunk, per_thread=8)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -533,19 +592,26 @@ def _cross_entropy_forward(
     else:  # row losses kept in the compute dtype, then reduced to one scalar
         loss = torch.empty((), dtype=loss_dtype, device=device)
         row_loss = torch.empty(n_rows, dtype=compute, device=device)
+    ticket = None
+    if reduction != "none":
+        parts, per_part, chunk, reduce_warps = _reduce_parts(n_rows, device)
+        # each part's sum and kept count, then the ticket (zeroed by the row kernel)
+        part_sum = torch.empty(parts, dtype=compute, device=device)
+        part_kept = torch.empty(parts + 1, dtype=torch.int32, device=device)
+        ticket = part_kept[parts:]
     if n_rows > 0:
         rows, block, warps = _row_tile(n_rows, n_cols, logits, forward=True)
         col_multiple = column_multiple(n_cols, logits.stride(0))
         launcher(cross_entropy_forward_kernel, logits)[(cdiv(n_rows, rows),)](
-            logits, target, row_loss, lse, n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
-            SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block,
-            COL_MULTIPLE=col_multiple, PEEL=_peel(rows, logits, col_multiple), num_warps=warps,
+            logits, target, row_loss, lse, lse if ticket is None else ticket,
+            n_rows, n_cols, logits.stride(0), ignore_index, float(label_smoothing),
+            SMOOTHING=label_smoothing > 0, BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple,
+            PEEL=_peel(rows, logits, col_multiple), ZERO_TICKET=ticket is not None, num_warps=warps,
         )  # fmt: skip
-    if reduction != "none":  # N == 0 too: a sum of nothing is 0, its mean NaN
-        reduce_block = _reduce_block(n_rows, device)
-        launcher(cross_entropy_reduce_kernel, logits)[(1,)](
-            row_loss, target, loss, n_rows, ignore_index,
-            MEAN=reduction == "mean", BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block),
+    if reduction != "none":  # N == 0 too (one program, no ticket): a sum of nothing is 0, its mean NaN
+        launcher(cross_entropy_reduce_kernel, logits)[(parts,)](
+            row_loss, target, part_sum, part_kept, ticket, loss, n_rows, per_part, ignore_index,
+            MEAN=reduction == "mean", BLOCK_SIZE=chunk, MAX_PARTS=_REDUCE_PARTS, num_warps=reduce_warps,
         )  # fmt: skip
     return loss, lse
 
@@ -577,20 +643,20 @@ def _cross_entropy_backward(
     dlogits = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
     if n_rows == 0:
         return dlogits
-    scale, scale_stride = grad, (grad.stride(0) if reduction == "none" else 0)
-    if reduction == "mean":  # one scalar, grad / kept rows, computed on the device
-        scale = torch.empty((), dtype=lse.dtype, device=logits.device)
-        reduce_block = _reduce_block(n_rows, logits.device)
-        launcher(cross_entropy_mean_scale_kernel, logits)[(1,)](
-            grad, target, scale, n_rows, ignore_index, BLOCK_SIZE=reduce_block, num_warps=warps_for(reduce_block)
+    part_kept, parts = lse, 0  # the kept rows' counts, for "mean" only
+    if reduction == "mean":  # grad / kept rows: the row kernel adds the counts of the parts up
+        parts, per_part, chunk, reduce_warps = _reduce_parts(n_rows, logits.device)
+        part_kept = torch.empty(parts, dtype=torch.int32, device=logits.device)
+        launcher(cross_entropy_count_kernel, logits)[(parts,)](
+            target, part_kept, n_rows, per_part, ignore_index, BLOCK_SIZE=chunk, num_warps=reduce_warps
         )
     rows, block, warps = _row_tile(n_rows, n_cols, logits, forward=False)
     col_multiple = column_multiple(n_cols, logits.stride(0))
     launcher(cross_entropy_backward_kernel, logits)[(cdiv(n_rows, rows),)](
-        logits, target, lse, scale, dlogits,
-        n_rows, n_cols, logits.stride(0), scale_stride, ignore_index, float(label_smoothing),
-        BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple, PEEL=_peel(rows, logits, col_multiple),
-        num_warps=warps,
+        logits, target, lse, grad, part_kept, dlogits,
+        n_rows, n_cols, logits.stride(0), grad.stride(0) if reduction == "none" else 0, parts, ignore_index,
+        float(label_smoothing), BLOCK_M=rows, BLOCK_SIZE=block, COL_MULTIPLE=col_multiple,
+        PEEL=_peel(rows, logits, col_multiple), MEAN_PARTS=_REDUCE_PARTS if parts else 0, num_warps=warps,
     )  # fmt: skip
     return dlogits
 

@@ -276,6 +276,34 @@ def test_expanded_incoming_gradient(device):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
+@pytest.mark.parametrize("n_rows", [1, 5, 9, 512, 600, 2000])  # one part; 2, 3, 128 of 4 rows; 75 of 8; 125 of 16
+@pytest.mark.parametrize("ignored", ["some", "all"])
+def test_the_reductions_over_the_rows_in_parts(monkeypatch, n_rows, ignored):
+    """The sum over the row losses and the count of kept rows ("mean", both ways) are taken in
+    parts, at most _REDUCE_PARTS, each a whole number of chunks of rows: chunks of 4 rows here, so
+    that rows past a chunk, a part or the last row are all reached.  The forward's last program
+    adds the partials up."""
+    from ops import cross_entropy as module
+
+    monkeypatch.setitem(module._REDUCE_CHUNK, "cpu", 4)
+    assert module._reduce_parts(n_rows, torch.device("cpu"))[:2] == {
+        1: (1, 4), 5: (2, 4), 9: (3, 4), 512: (128, 4), 600: (75, 8), 2000: (125, 16)}[n_rows]  # fmt: skip
+    logits, target = make_case(n_rows, 3, "cpu", torch.float32, ignore_every=3)
+    if ignored == "all":
+        target[:] = -100
+    for reduction in ("mean", "sum"):
+        grad = torch.tensor(2.0)
+        loss, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction)
+        ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction)
+        if ignored == "all":  # a sum of 0, a mean of 0 / 0; no gradient
+            torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)
+            assert torch.equal(dlogits, torch.zeros_like(dlogits))
+        else:
+            assert_close(loss, ref_loss, torch.float32)
+            assert_close(dlogits, ref_grad, torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_batch(device):
     for n_cols in [1, 1000]:

@@ -31,6 +31,7 @@ import triton
 from reference import TOLERANCE, rel_error
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops import cross_entropy as cross_entropy_module
 from ops import matmul as matmul_module
 from ops import softmax as softmax_module
 from ops._device import set_scratch_allocator, sm_count
@@ -65,6 +66,20 @@ def without_cooperative_rows():
     """CUDA rows past a block take the designs that read x twice, as float64 rows and the longest rows do."""
     with mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cuda": False}):
         yield
+
+
+@contextlib.contextmanager
+def small_reduce_chunks():
+    """Cross entropy's reductions over the rows in chunks of 4 rows on CPU: many parts, as on a GPU."""
+    with mock.patch.dict(cross_entropy_module._REDUCE_CHUNK, {"cpu": 4}):
+        yield
+
+
+def logits_and_targets(device, n_rows, n_cols):
+    """Logits and targets with every 7th row ignored."""
+    target = torch.randint(0, n_cols, (n_rows,), device=device)
+    target[::7] = -100
+    return randn(device, n_rows, n_cols), target
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,14 @@ REPEATS = [
                lambda a, b: with_grads(tk.matmul, a, b))
         for dtype in (torch.float16, torch.bfloat16, torch.float32)
     ],
+    *[
+        # "mean" and "sum": each part of the rows a partial; on a GPU the last program to finish adds them up
+        Repeat(f"cross_entropy {reduction}",
+               lambda d: logits_and_targets(d, *sized(d, (301, 20), (131072, 100))),
+               lambda x, t, r=reduction: with_grads(lambda v: tk.cross_entropy(v, t, reduction=r), x),
+               context=small_reduce_chunks)
+        for reduction in ("mean", "sum")
+    ],
     Repeat("matmul batched, b broadcast", lambda d: (randn(d, *sized(d, (2, 65, 33), (8, 1000, 768)), dtype=torch.bfloat16),
                                                       randn(d, *sized(d, (33, 17), (768, 513)), dtype=torch.bfloat16)),
            lambda a, b: with_grads(tk.matmul, a, b)),
@@ -183,7 +206,7 @@ def test_same_input_same_bits(case, device):
 def test_every_kernel_is_in_the_table():
     """The table runs each op's forward and backward kernels at least once."""
     names = " ".join(r.name for r in REPEATS)
-    for op in ("gelu", "softmax", "matmul"):
+    for op in ("gelu", "softmax", "matmul", "cross_entropy"):
         assert op in names
     assert all(f"softmax {design}" in names for design in SOFTMAX_DESIGNS)
 

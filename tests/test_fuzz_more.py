@@ -548,7 +548,7 @@ def cross_entropy_cases(draw, device):
     if device == "cpu" and _pick(draw, ["default", "shrunk", "shrunk"]) == "shrunk":
         design = Design((
             ("ops.cross_entropy", "_MAX_CHUNK", _pick(draw, [16, 32, 1 << 14])),
-            ("ops.cross_entropy", "_REDUCE_BLOCK", _pick(draw, [2, 16, 1 << 16])),
+            ("ops.cross_entropy", "_REDUCE_CHUNK", _pick(draw, [2, 16, 1 << 16])),
         ))  # fmt: skip
     return dtype, draw(inputs(shape, scales=(1e-3, 1.0, 3.0, 30.0))), targets, options, design
 
