@@ -541,6 +541,30 @@ def test_compiled_matches_eager_and_pytorch(device):
         assert name in source, f"{name} missing from the compiled code"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_with_dynamic_shapes(device):
+    """dynamic=True: the row count is symbolic while Inductor traces the CUDA body; the launch rules
+    (row tiles, the parts of the sums over the rows) still give each batch its right loss and
+    gradient: 1, 5 and 69 parts of the rows on the GPU."""
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x, t: torch.ops.tk.cross_entropy(x, t, label_smoothing=0.1), fullgraph=True, dynamic=True
+    )  # its backward is compiled too, by AOTAutograd
+
+    def loss_and_grad(x, t):
+        x = x.detach().requires_grad_()
+        loss = compiled(x, t)
+        loss.backward()
+        return loss, x.grad
+
+    for n_rows in pick(device, [3, 40, 200], [3, 5000, 70000]):
+        logits, target = make_case(n_rows, 100, device, torch.float32)
+        loss, grad = loss_and_grad(logits, target)
+        ref_loss, ref_grad = reference_loss_and_grad(logits, target, torch.tensor(1.0, device=device), label_smoothing=0.1)
+        assert_close(loss, ref_loss, torch.float32)
+        assert_close(grad, ref_grad, torch.float32)
+
+
 # ------------------------------------------------------------------------ GPU
 
 
