@@ -60,7 +60,8 @@ _BF16_ROW = {"x_ptr": "bf16", "y_ptr": "bf16", "w_ptr": "bf16", "b_ptr": "bf16",
 _FP32_SCRATCH = {"dw_partial_ptr": "fp32", "db_partial_ptr": "fp32", "stats_ptr": "fp32"}
 _NORM_FORWARD = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": 4, "BLOCK_N": 1024, "AFFINE_FIRST": True}
 _NORM_BACKWARD = {"HAS_WEIGHT": True, "WEIGHT_GRAD": True, "BIAS_GRAD": True, "BLOCK_M": 4, "BLOCK_N": 1024}
-_CROSS_ENTROPY = {"logits_ptr": "bf16", "target_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32"}
+_CROSS_ENTROPY = {"logits_ptr": "bf16", "target_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32", "ticket_ptr": "i32"}
+_CROSS_ENTROPY_BACKWARD = {**_CROSS_ENTROPY, "scale_ptr": "fp32", "part_kept_ptr": "i32", "dlogits_ptr": "bf16"}
 
 # (kernel, pointer types, constexprs but COL_MULTIPLE, warps, 2-byte loads that are not a row's): a launch of each
 # on 16-bit rows of 1000 columns.
@@ -81,11 +82,12 @@ ROW_KERNELS = {
         softmax.softmax_backward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024, "NATIVE_16BIT": True}, 8, 0,
     ),
     "cross_entropy forward": (
-        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY, {"SMOOTHING": False, "BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0}, 4, 1,  # the target's logit
+        cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY,
+        {"SMOOTHING": False, "BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0, "ZERO_TICKET": True}, 4, 1,  # the target's logit
     ),
     "cross_entropy backward": (
-        cross_entropy.cross_entropy_backward_kernel,
-        {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}, {"BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0}, 2, 0,
+        cross_entropy.cross_entropy_backward_kernel, _CROSS_ENTROPY_BACKWARD,
+        {"BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0, "MEAN_PARTS": 128}, 2, 0,
     ),
 }  # fmt: skip
 
@@ -112,10 +114,10 @@ def test_rows_that_start_off_a_16_byte_boundary_are_swept_from_the_boundary(dire
     forward's x_t).  Without PEEL the same rows go one element at a time throughout."""
     if direction == "forward":
         kernel, pointers = cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY
-        constexprs, narrow = {"SMOOTHING": False}, 1
+        constexprs, narrow = {"SMOOTHING": False, "ZERO_TICKET": True}, 1
     else:
-        kernel, pointers = cross_entropy.cross_entropy_backward_kernel, {**_CROSS_ENTROPY, "scale_ptr": "fp32", "dlogits_ptr": "bf16"}
-        constexprs, narrow = {}, 0
+        kernel, pointers = cross_entropy.cross_entropy_backward_kernel, _CROSS_ENTROPY_BACKWARD
+        constexprs, narrow = {"MEAN_PARTS": 128}, 0
     constexprs.update({"BLOCK_M": 1, "BLOCK_SIZE": 4096, "COL_MULTIPLE": 1})
     peeled = _global_accesses(_ptx(kernel, pointers, {**constexprs, "PEEL": 8}, 8))
     loads = 6 if direction == "forward" else 2  # 2 a chunk of 16 a thread: first, next, and in the loop (forward)

@@ -303,6 +303,28 @@ def test_the_reductions_over_the_rows_in_parts(monkeypatch, n_rows, ignored):
             assert_close(dlogits, ref_grad, torch.float32)
 
 
+def test_the_last_program_reads_the_other_programs_partials_after_its_ticket():
+    """In the PTX for an H100 (compiled here, no GPU needed): the ticket is an acquire-release
+    atomic at GPU scope, taken by the thread that stored the partials, after a barrier; the last
+    program reads the partials from L2 (.cg).  A relaxed ticket or loads from L1 could add up
+    partials not yet written, a race that a test run would rarely show."""
+    from test_alignment import _ptx
+
+    from ops import cross_entropy as module
+
+    pointers = {"row_loss_ptr": "fp32", "target_ptr": "i64", "part_sum_ptr": "fp32", "part_kept_ptr": "i32"}
+    pointers.update(ticket_ptr="i32", out_ptr="fp32")
+    ptx = _ptx(module.cross_entropy_reduce_kernel, pointers, {"MEAN": True, "BLOCK_SIZE": 1024, "MAX_PARTS": 128}, 4)
+    lines = [line.strip() for line in ptx.splitlines()]
+    (ticket,) = [k for k, line in enumerate(lines) if "atom." in line]
+    assert "atom.global.gpu.acq_rel.add" in lines[ticket]
+    stores = [k for k, line in enumerate(lines[:ticket]) if line.startswith("@") and "st.global" in line]
+    assert len(stores) == 2 and all(lines[k].split()[0] == lines[ticket].split()[0] for k in stores)  # one predicate
+    assert any(line.startswith("bar.sync") for line in lines[stores[-1] : ticket])
+    loads_after = [line for line in lines[ticket:] if "ld.global" in line]
+    assert len(loads_after) == 2 and all("ld.global.cg" in line for line in loads_after)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_batch(device):
