@@ -591,6 +591,25 @@ def test_compiled_with_dynamic_shapes(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n_rows", [1, 1025, 131072, 131073, 300001])
+def test_the_reductions_over_the_rows_in_parts_on_the_gpu(n_rows):
+    """The GPU's parts of the rows: one; two; 128 of one chunk; 65 and 98 of two and three chunks,
+    the last part short."""
+    from ops import cross_entropy as module
+
+    parts, per_part = module._reduce_parts(n_rows, torch.device("cuda"))[:2]
+    assert (parts, per_part) == {1: (1, 1024), 1025: (2, 1024), 131072: (128, 1024), 131073: (65, 2048),
+                                 300001: (98, 3072)}[n_rows]  # fmt: skip
+    logits, target = make_case(n_rows, 10, "cuda", torch.float32, ignore_every=3)
+    for reduction in ("mean", "sum"):
+        grad = torch.tensor(2.0, device="cuda")
+        loss, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction)
+        ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction)
+        assert_close(loss, ref_loss, torch.float32)
+        assert_close(dlogits, ref_grad, torch.float32)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_softmax_is_never_materialized(dtype):
     """The forward allocates O(N) besides its input; the backward only dlogits."""
