@@ -303,7 +303,9 @@ def _store_loss(out_ptr, total, kept, MEAN: tl.constexpr):
 
 
 @triton.jit
-def cross_entropy_count_kernel(target_ptr, part_kept_ptr, n_rows, rows_per_part, ignore_index, BLOCK_SIZE: tl.constexpr):
+def cross_entropy_count_kernel(
+    target_ptr, part_kept_ptr, n_rows, rows_per_part, ignore_index, BLOCK_SIZE: tl.constexpr
+):
     """reduction="mean": each program counts the kept rows of its part.  The backward row kernel
     adds the counts up itself (MEAN_PARTS), so no program waits for another."""
     first, end = _part_rows(n_rows, rows_per_part)
