@@ -599,29 +599,33 @@ def test_small_calls_of_the_common_ops_are_replayed_from_cpp():
     assert not not_replayed, f"always in Python: {not_replayed}"
 
 
-def _large_calls():
-    """(op, args) of calls whose bodies need buffers besides their outputs."""
+def _matmul_2048():
+    # Hopper: the TMA kernel, whose tensor descriptors live in global scratch, one buffer a launch
     a, b = (torch.randn(2048, 2048, device="cuda", dtype=torch.float16) for _ in range(2))
+    return torch.ops.tk.matmul, (a, b)
+
+
+def _cross_entropy_mean():
+    # its rows summed in 4 parts: partials and a ticket, allocated in the body, the ticket a view
     logits = torch.randn(4096, 1000, device="cuda")
     target = torch.randint(0, 1000, (4096,), device="cuda")
     target[::5] = -100
-    return {
-        # Hopper: the TMA kernel, whose tensor descriptors live in global scratch, one buffer a launch
-        "matmul 2048^3": (torch.ops.tk.matmul, (a, b)),
-        # its rows summed in 4 parts: partials and a ticket, allocated in the body, the ticket a view
-        "cross_entropy mean": (torch.ops.tk.cross_entropy_forward, (logits, target, -100, "mean", 0.0, None)),
-    }
+    return torch.ops.tk.cross_entropy_forward, (logits, target, -100, "mean", 0.0, None)
+
+
+# Calls whose bodies need buffers besides their outputs: (op, args), made when a test asks.
+_LARGE_CALLS = {"matmul 2048^3": _matmul_2048, "cross_entropy mean": _cross_entropy_mean}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["matmul 2048^3", "cross_entropy mean"])
+@pytest.mark.parametrize("case", list(_LARGE_CALLS))
 def test_calls_with_buffers_besides_their_outputs_are_replayed_from_cpp(case):
     """Replayed from C++, with the Python path's bits.  When the fast launcher refused the TMA
     matmul's scratch, every 2048^3 call went through Python, 67-84 µs of host time a call
     against a 27 µs kernel (docs/perf-notes.md, version 40), and no test noticed."""
     if case.startswith("matmul") and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the TMA matmul needs Hopper")
-    op, args = _large_calls()[case]
+    op, args = _LARGE_CALLS[case]()
     with _PythonPath():
         expected = _as_list(op(*args))
     before = sum(s["replays"] for s in _native.stats().values())
