@@ -30,6 +30,7 @@ import inspect
 import json
 import logging
 import os
+import pkgutil
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -305,13 +306,26 @@ def inductor_compiled(module_path: str | None, kernel: Kernel):
 
 
 def handwritten_kernels(spec) -> list:
-    """The kernels defined in the module of ``spec.tk`` (or the spec's
-    ``kernel_modules``): its public ``@triton.jit`` functions, autotuners
+    """The kernels of the op behind ``spec.tk`` (or of the spec's ``kernel_modules``): the public
+    ``@triton.jit`` functions of its module, or of every module of its folder when the op is a
+    folder (``ops/softmax/``: the spec lives in ``spec.py`` beside the kernels), autotuners
     unwrapped.  Private ones (``_name``) are device helpers the kernels call."""
-    if spec.kernel_modules:
-        return [k for name in spec.kernel_modules for k in _module_kernels(importlib.import_module(name))]
-    module = inspect.getmodule(spec.tk) or sys.modules.get(getattr(spec.tk, "__module__", ""), None)
-    return [] if module is None else _module_kernels(module)
+    names = spec.kernel_modules
+    if not names:
+        module = inspect.getmodule(spec.tk) or sys.modules.get(getattr(spec.tk, "__module__", ""), None)
+        if module is None:
+            return []
+        package = module.__name__.rpartition(".")[0]
+        names = (package,) if module.__name__.endswith(".spec") and package.count(".") >= 1 else (module.__name__,)
+    return [k for name in names for m in _modules_of(name) for k in _module_kernels(m)]
+
+
+def _modules_of(name: str) -> list:
+    """The module `name`, or every module of the package `name`."""
+    module = importlib.import_module(name)
+    if not hasattr(module, "__path__"):
+        return [module]
+    return [module] + [importlib.import_module(f"{name}.{m.name}") for m in pkgutil.iter_modules(module.__path__)]
 
 
 def _module_kernels(module) -> list:

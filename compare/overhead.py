@@ -29,7 +29,7 @@ import torch
 from tabulate import tabulate
 
 import ops
-from ops import _native
+from ops.runtime import native as _native
 
 from . import environment
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ops._registry import OpSpec
+from ops.spec import OpSpec
 
 IGNORE_INDEX = -100  # targets equal to this add nothing to the loss (padding), as in F.cross_entropy
 
@@ -377,5 +377,5 @@ SPEC = OpSpec(
     dtypes=(torch.bfloat16, torch.float32),
     bound="compute",
     compile_tk=True,
-    kernel_modules=("ops.matmul", "ops.rms_norm", "ops.swiglu", "ops.cross_entropy"),
+    kernel_modules=("ops.matmul", "ops.norms", "ops.swiglu", "ops.cross_entropy"),
 )

@@ -15,17 +15,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._math import LOG2E
-from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
-from .copy_op import (  # the elementwise launch rules, shared with the teaching kernels
-    ELEMENTWISE_SHAPES,
-    ROUNDING_TOLERANCE,
-    describe_numel,
-    elementwise_config,
-    elementwise_grid,
-    many_inputs_per_thread,
-    walk_in_one_order,
-)
+from .blocks.elementwise import elementwise_config, elementwise_grid, many_inputs_per_thread, walk_in_one_order
+from .blocks.fastmath import LOG2E
+from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
+from .spec import ELEMENTWISE_SHAPES, ROUNDING_TOLERANCE, OpSpec, describe_numel, register_spec
 
 SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)

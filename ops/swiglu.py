@@ -1,4 +1,4 @@
-"""SwiGLU and GeGLU: the last stop of the tour (see ops/copy_op.py): a fused gate.
+"""SwiGLU and GeGLU: the last stop of the tour (see ops/tour/copy.py): a fused gate.
 
     swiglu(gate, up) = silu(gate) * up          silu(x) = x * sigmoid(x)
     geglu(gate, up)  = gelu(gate) * up          gelu as in ops/gelu.py
@@ -33,16 +33,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._registry import GRAD, OpSpec, check_same, check_tensor, launcher, register_formula, register_op, register_spec
-from .copy_op import (
-    ROUNDING_TOLERANCE,
-    element_size,
+from .blocks.elementwise import (
     elementwise_config,
     elementwise_grid,
     many_inputs_per_thread,
+    to_compute_dtype,
     walk_in_one_order,
 )
-from .square import to_compute_dtype
+from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
+from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
 
 SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops import _native
+from ops.runtime import native as _native
 
 
 def pytest_collection_modifyitems(config, items):

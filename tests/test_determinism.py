@@ -31,11 +31,11 @@ import triton
 from reference import TOLERANCE, rel_error
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops import cross_entropy as cross_entropy_module
-from ops import matmul as matmul_module
-from ops import softmax as softmax_module
-from ops._device import set_scratch_allocator, sm_count
-from ops._registry import launcher
+from ops.cross_entropy import op as cross_entropy_module
+from ops.matmul import op as matmul_module
+from ops.softmax import op as softmax_module
+from ops.runtime.device import set_scratch_allocator, sm_count
+from ops.runtime import launcher
 
 tk = torch.ops.tk
 RUNS = {"cpu": 3, "cuda": 5}  # the interpreter is slow, and numpy has no scheduling to vary

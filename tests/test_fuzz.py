@@ -46,8 +46,8 @@ from hypothesis import strategies as st
 from reference import TOLERANCE, pytorch_gelu
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops import matmul as matmul_module
-from ops import softmax as softmax_module
+from ops.matmul import op as matmul_module
+from ops.softmax import op as softmax_module
 
 tk = torch.ops.tk
 # Huge values and infinities make the interpreter's numpy warn of overflow: expected, not a problem.

@@ -47,7 +47,7 @@ from reference import TOLERANCE
 from test_fuzz import DTYPES, POOLS, RANKS, Fuzz, Input, Layout, dims, inputs, pull_back, run_fuzz
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops.rgb_to_grayscale import torchvision_rgb_to_grayscale
+from ops.tour.rgb_to_grayscale import torchvision_rgb_to_grayscale
 
 tk = torch.ops.tk
 # Huge values and infinities make the interpreter's numpy warn: expected, not a problem.
@@ -174,7 +174,7 @@ def _pick(draw, options):
 
 # The CPU takes one program of up to 2**16 elements; on the GPU a thread takes
 # one element below 2**18 and more from there, up to its count at 2**20
-# (ops/copy_op.py: elementwise_config).
+# (ops/blocks/elementwise.py: elementwise_config).
 ELEMENTWISE_LONG = {"cpu": [65535, 65536, 65537], "cuda": [(1 << 18) - 1, (1 << 18) + 1, (1 << 20) + 1, (1 << 22) + 1]}
 BUDGET = {"cpu": 4096, "cuda": 1 << 20}  # elements of the largest ordinary example
 
@@ -336,13 +336,13 @@ def norm_design(draw, device):
     if device != "cpu" or _pick(draw, ["default", "shrunk", "shrunk"]) == "default":
         return NO_DESIGN
     return Design((
-        ("ops.layer_norm", "_MAX_BLOCK", _pick(draw, [16, 64, 1 << 16])),
-        ("ops.layer_norm", "_MAX_BLOCK_BACKWARD", _pick(draw, [16, 32, 1 << 16])),
-        ("ops.layer_norm", "_TILE", _pick(draw, [16, 32, 1 << 14])),
-        ("ops.layer_norm", "_CHUNK", _pick(draw, [16, 32])),
-        ("ops.layer_norm", "_COLUMN_SUM_BLOCK", _pick(draw, [(2, 8), (4, 16), (64, 1 << 12)])),
-        ("ops.layer_norm", "_CPU_PROGRAMS", _pick(draw, [1, 3, 8])),
-        ("ops.layer_norm", "_MIN_ROWS_PER_PROGRAM", _pick(draw, [1, 2, 8])),
+        ("ops.norms.engine", "_MAX_BLOCK", _pick(draw, [16, 64, 1 << 16])),
+        ("ops.norms.engine", "_MAX_BLOCK_BACKWARD", _pick(draw, [16, 32, 1 << 16])),
+        ("ops.norms.engine", "_TILE", _pick(draw, [16, 32, 1 << 14])),
+        ("ops.norms.engine", "_CHUNK", _pick(draw, [16, 32])),
+        ("ops.norms.engine", "_COLUMN_SUM_BLOCK", _pick(draw, [(2, 8), (4, 16), (64, 1 << 12)])),
+        ("ops.norms.engine", "_CPU_PROGRAMS", _pick(draw, [1, 3, 8])),
+        ("ops.norms.engine", "_MIN_ROWS_PER_PROGRAM", _pick(draw, [1, 2, 8])),
     ))  # fmt: skip
 
 
@@ -547,8 +547,8 @@ def cross_entropy_cases(draw, device):
     design = NO_DESIGN
     if device == "cpu" and _pick(draw, ["default", "shrunk", "shrunk"]) == "shrunk":
         design = Design((
-            ("ops.cross_entropy", "_MAX_CHUNK", _pick(draw, [16, 32, 1 << 14])),
-            ("ops.cross_entropy", "_REDUCE_CHUNK", _pick(draw, [2, 16, 1 << 16])),
+            ("ops.cross_entropy.op", "_MAX_CHUNK", _pick(draw, [16, 32, 1 << 14])),
+            ("ops.cross_entropy.op", "_REDUCE_CHUNK", _pick(draw, [2, 16, 1 << 16])),
         ))  # fmt: skip
     return dtype, draw(inputs(shape, scales=(1e-3, 1.0, 3.0, 30.0))), targets, options, design
 

@@ -1,0 +1,102 @@
+"""The elementwise launch rule every flat kernel shares: block size, warps, grid, element order.
+
+The guided tour (ops/tour/copy.py) explains each piece as it is first used;
+gelu, swiglu, matmul's split-K sum and the tour's kernels all launch by it.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import is_dense
+from .sizes import cdiv, next_power_of_2
+
+
+def many_inputs_per_thread(t: torch.Tensor) -> int:
+    """Elements a thread for a kernel that reads two or more tensors like t
+    (add, the backwards, swiglu): 8 bytes of each, 4 of a 16-bit dtype and
+    2 of float32.  See elementwise_config."""
+    return max(8 // t.element_size(), 1)
+
+
+def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tuple[int, int]:
+    """(BLOCK_SIZE, num_warps) for a kernel over n elements.
+
+    GPU: programs of 8 warps (256 threads), each thread taking ``per_thread``
+    elements, or fewer where that would leave fewer than _MIN_PROGRAMS
+    programs: one element a thread below 2**18 elements, two below 2**19,
+    four below 2**20, and ``per_thread`` from 2**20 on (or earlier, when it
+    asks for fewer).
+
+    * Large tensors: once every SM is full (2048 threads), more bytes in
+      flight a thread buy nothing, and shorter programs measured faster, as
+      long as each load stays 8 bytes or wider.  On an H100 (perf notes,
+      versions 35 and 35b), with the same grid rule at each count: one input
+      (copy, square, GELU) takes 8 a thread, one 16-byte load of a 16-bit
+      dtype (16 was 0.3-1 point of copy slower; 4 was level in float32 and
+      5-6 points slower in bfloat16); two or three inputs take 8 bytes of
+      each (``many_inputs_per_thread``): at 16 elements, 4 and 2, float32 ran
+      at 100.2 / 101.6 / 102.3% of copy and bfloat16 at 101.7 / 103.0 / 92.5%
+      (2^28 elements, add; a 4-byte load of two bf16 values is too narrow).
+    * Small tensors are bound by latency, not bandwidth: what counts is how
+      many SMs share the work and how much math each thread does in a row.
+      Blocks of 1024 on 4 warps (the rule before version 36) left a float32
+      erf GELU backward of 2**16 elements on 64 programs at 0.8x the speed of
+      Inductor's kernel; one element a thread on 256 programs runs at 1.0-1.3x
+      (CUDA-graph time on an H100; perf notes, version 36).
+
+    Every block is a power of two, as tl.arange requires.
+
+    CPU (Triton's interpreter): every program costs Python time, so one
+    program takes as much as it can: the whole tensor up to 2**16 elements.
+    """
+    if per_thread < 1 or per_thread & (per_thread - 1):
+        raise ValueError(f"elementwise_config: per_thread must be a power of two, got {per_thread}")
+    if device.type != "cuda":
+        return min(next_power_of_2(max(n, 1)), 1 << 16), 1
+    # Doubled while the programs stay _MIN_PROGRAMS or more.  Comparisons only: under
+    # torch.compile with dynamic shapes n is symbolic, and each one guards a threshold,
+    # where arithmetic on n would pin the compiled graph to a narrow range of sizes.
+    taken = 1
+    while taken < per_thread and n >= 2 * taken * _THREADS * _MIN_PROGRAMS:
+        taken *= 2
+    return _THREADS * taken, _THREADS // 32
+
+
+_THREADS = 256  # a program's threads (8 warps) on a GPU
+_MIN_PROGRAMS = 512  # about 4 an SM on an H100
+
+
+def elementwise_grid(n: int, block: int) -> tuple[int]:
+    """One program per block, the last one partial: ceil(n / block) programs."""
+    return (cdiv(n, block),)
+
+
+def walk_in_one_order(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors, ready to be read as flat arrays in the same element order.
+
+    An elementwise kernel pairs the i-th value in memory of each tensor, so
+    the tensors must lay their elements out alike.  A dense tensor (its
+    elements fill one span of memory: contiguous, transposed, channels-last,
+    ...) is one flat array; tensors of equal strides list the same elements
+    in the same order.  Anything else (a slice with gaps, a broadcast view,
+    tensors of different layouts) is copied once to the standard layout.
+    """
+    first = tensors[0]
+    if is_dense(first) and all(t.stride() == first.stride() for t in tensors[1:]):
+        return tensors
+    return tuple(t.contiguous() for t in tensors)
+
+
+
+@triton.jit
+def to_compute_dtype(x):
+    """float64 stays float64; float32, float16 and bfloat16 compute in float32.
+
+    The test is on the dtype, known at compile time, so each compiled kernel
+    keeps only one branch.  float16 has 10 bits of mantissa and bfloat16 7:
+    sums and products done at that precision lose far more than one rounding.
+    """
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32)
+    return x

@@ -1,0 +1,196 @@
+"""matmul's Triton kernels: the pointer kernel (any strides, batches, split K), the TMA kernel, the split-K sum.
+
+Which problem takes which kernel is op.py's; the math is in its docstring.
+"""
+
+import triton
+import triton.language as tl
+
+
+def _config(block_m, block_n, block_k, stages, warps):
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}, num_stages=stages, num_warps=warps
+    )
+
+
+# Tile shapes tried by the autotuner, per (M, N, K).  Large tiles feed Hopper's
+# tensor cores (128x256x64 won on an H100); small ones keep skinny or small
+# problems from leaving most SMs idle.  Shared memory per stage is
+# (BLOCK_M + BLOCK_N) * BLOCK_K * element size: 128x256x64 bf16 is 48 KiB.
+_CONFIGS = [
+    _config(128, 256, 64, 3, 8),
+    _config(256, 128, 64, 3, 8),
+    _config(128, 128, 64, 4, 8),
+    _config(128, 128, 32, 4, 4),
+    _config(64, 128, 64, 4, 4),
+    _config(128, 64, 64, 4, 4),
+    _config(64, 64, 64, 4, 4),
+    _config(32, 64, 64, 4, 4),
+]
+
+
+@triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of C's tile number ``tile`` in grouped order (see the module docstring)."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // tiles_per_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % tiles_per_group) % group_size_m
+    pid_n = (tile % tiles_per_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn, stride_cs, SPLIT_K,
+    ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+
+    # Rows and columns past the edge wrap around (% M, % N): the loads stay in
+    # bounds without a mask in the K loop, and the store below drops them.
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    # This program's share of the K steps: all of them unless K is split
+    # (SPLIT_K > 1), when slice program_id(2) of C's partial sums is written.
+    k_steps = tl.cdiv(K, BLOCK_K)
+    steps_per_slice = tl.cdiv(k_steps, SPLIT_K)
+    first_step = tl.program_id(2) * steps_per_slice
+    last_step = tl.minimum(first_step + steps_per_slice, k_steps)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = first_step.to(tl.int64) * BLOCK_K  # int64: k_start * stride passes 2**31 on large operands
+    batch = tl.program_id(1).to(tl.int64)  # int64: a batch of matrices can pass 2**31 elements
+    a_ptrs = a_ptr + batch * stride_ab + offs_m[:, None].to(tl.int64) * stride_am + (k_start + offs_k[None, :]) * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + (k_start + offs_k[:, None]) * stride_bk + offs_n[None, :].to(tl.int64) * stride_bn
+
+    if a_ptr.dtype.element_ty == tl.float64:  # resolved at compile time
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(first_step, last_step):
+        # K is masked: a partial last step reads zeros, which add nothing.
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        # out_dtype names the accumulator's type: Triton 3.6 assumes float32 otherwise.
+        if ALLOW_TF32:
+            acc = tl.dot(a, b, acc, input_precision="tf32", out_dtype=acc.dtype)
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc.dtype)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptr += tl.program_id(2).to(tl.int64) * stride_cs  # the workspace slice, when K is split
+    c_ptrs = c_ptr + batch * stride_cb + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
+
+
+@triton.jit
+def matmul_tma_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K, stride_a, stride_b, stride_c,
+    A_COLUMN_MAJOR: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    STORE_HALVES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """C = A @ B for 2-D 16-bit operands on Hopper and newer: TMA loads, persistent grid.
+
+    A tensor descriptor names a 2-D matrix (shape, row stride; the last stride
+    must be 1) and the tile one copy moves.  The TMA unit then copies whole
+    tiles between global and shared memory by itself: no per-thread address
+    arithmetic, no registers held for pointers, and the bounds are checked in
+    hardware (loads past the edge read zeros, which add nothing to a dot
+    product; stores past the edge are dropped), so there are no masks.
+    A column-major operand is described as the row-major matrix it is the
+    transpose of, and each tile transposed after the load.
+    """
+    if A_COLUMN_MAJOR:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+    if B_COLUMN_MAJOR:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+    # STORE_HALVES writes the tile as two halves: half the shared memory for the
+    # store, left to the load pipeline's stages.
+    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N // (1 + STORE_HALVES)])
+
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    # Persistent grid: one program per SM, each taking every num_programs-th
+    # tile.  flatten=True merges the tile loop and the K loop into one loop that
+    # the compiler pipelines across tiles: the next tile's first loads are in
+    # flight while this tile's result is rounded and stored.
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_steps):
+            off_k = k * BLOCK_K
+            if A_COLUMN_MAJOR:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_COLUMN_MAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        c = acc.to(c_ptr.dtype.element_ty)
+        if STORE_HALVES:
+            left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            c_desc.store([off_m, off_n], left)
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right)
+        else:
+            c_desc.store([off_m, off_n], c)
+
+
+def _tma_config(block_m, block_n, block_k, stages, warps, store_halves=True, warp_specialize=False):
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
+    meta.update(STORE_HALVES=store_halves, WARP_SPECIALIZE=warp_specialize)
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+# The configs that came out on top on an H100 (bf16 and fp16, 2048^3 to
+# 8192^3; docs/perf-notes.md, version 8).  Shared memory per stage is
+# (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes, plus the store's staging tile:
+# 3 stages of 128x256x64 and a 128x128 half take 176 KiB of Hopper's 227.
+# 256x128 tiles, and 128x128 with 8 warps, lost by 3 to 10 points everywhere.
+_TMA_CONFIGS = [
+    _tma_config(128, 256, 64, 3, 8),
+    _tma_config(128, 256, 64, 4, 8),
+    _tma_config(128, 256, 64, 3, 8, store_halves=False),
+    _tma_config(128, 256, 64, 3, 8, warp_specialize=True),
+    _tma_config(128, 128, 64, 5, 4, store_halves=False),
+]
+matmul_tma_kernel_autotuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
+
+
+@triton.jit
+def split_k_sum_kernel(partial_ptr, c_ptr, n_elements, SPLIT_K: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """c = the sum of SPLIT_K slices of n_elements partial sums, added in slice order.
+    (s * n_elements stays far below 2**31: K is split only for small outputs.)"""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    acc = tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(partial_ptr + s * n_elements + offsets, mask=mask, other=0.0)
+    tl.store(c_ptr + offsets, acc.to(c_ptr.dtype.element_ty), mask=mask)

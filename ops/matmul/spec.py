@@ -1,0 +1,43 @@
+"""What the comparison harness reads about matmul."""
+
+import torch
+
+from ..spec import OpSpec, register_spec
+
+# --------------------------------------------------------------------------
+# What the comparison harness reads.
+# --------------------------------------------------------------------------
+
+
+def _make_inputs(shape, dtype, device):
+    M, N, K = shape
+    return torch.randn(M, K, dtype=dtype, device=device), torch.randn(K, N, dtype=dtype, device=device)
+
+
+def _bytes(shape, dtype):
+    M, N, K = shape
+    return (M * K + K * N + M * N) * torch.empty((), dtype=dtype).element_size()
+
+
+register_spec(
+    OpSpec(
+        name="matmul",
+        tk=lambda a, b: torch.ops.tk.matmul(a, b),
+        reference=torch.matmul,
+        make_inputs=_make_inputs,
+        bytes_moved=_bytes,
+        flops=lambda shape, dtype: 2 * shape[0] * shape[1] * shape[2],
+        tolerance={torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-12},
+        shapes={
+            # 2048^3: the smallest problem the TMA kernel takes, where a call's host time shows.
+            "cuda": [
+                (16, 4096, 4096), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                (8192, 14336, 4096),
+            ],
+            "cpu": [(64, 48, 80), (130, 66, 100)],
+        },
+        dtypes=(torch.bfloat16, torch.float16),
+        bound="compute",
+        describe=lambda shape: "M{}xN{}xK{}".format(*shape),
+    )
+)

@@ -1,0 +1,563 @@
+"""The norms' Triton kernels that read rows from memory on their own (see engine.py for the designs).
+
+The kernel bodies take CENTERED: on for layer norm, off for RMS norm (no
+centering, no bias, no mean(g) term).  Each op launches them through thin
+kernels of its own name that fix the flag, at the end of this file.
+"""
+
+
+import triton
+import triton.language as tl
+
+from ..blocks.alignment import known_multiple
+
+# --------------------------------------------------------------------------
+# Pieces shared by the kernels.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load(ptrs, mask):
+    """Values at `ptrs` (0 where masked) in the compute dtype: float32, or float64 for float64."""
+    return _widen(tl.load(ptrs, mask=mask, other=0.0))
+
+
+@triton.jit
+def _widen(x):
+    """x in the compute dtype: float32, or float64 for float64."""
+    if x.dtype != tl.float64:  # resolved at compile time
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _zeros_2d(like_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A (BLOCK_M, BLOCK_N) accumulator in the compute dtype of `like_ptr`'s elements."""
+    if like_ptr.dtype.element_ty == tl.float64:
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    else:
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return zeros
+
+
+@triton.jit
+def _zeros_1d(like_ptr, BLOCK_N: tl.constexpr):
+    """The same, (BLOCK_N,)."""
+    if like_ptr.dtype.element_ty == tl.float64:
+        zeros = tl.zeros((BLOCK_N,), dtype=tl.float64)
+    else:
+        zeros = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    return zeros
+
+
+@triton.jit
+def _rstd(m2, n_cols, eps):
+    """1 / sqrt(var + eps) from M2 = sum((x - mean)^2) (sum(x^2) for RMS norm),
+    in M2's dtype.  eps arrives as a float32 scalar from Triton's launcher (its
+    type for a Python float), but as a float64 one from Inductor's generated
+    code: the cast keeps a loop's accumulators from turning float64.  For
+    float64 inputs on CUDA eps is thus rounded to float32 (a relative 3e-8 of
+    eps, visible only on rows whose mean square is near eps)."""
+    return (1.0 / tl.sqrt(m2 / n_cols + eps)).to(m2.dtype)
+
+
+@triton.jit
+def _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICTION: tl.constexpr):
+    """(w, b) at `cols` in the compute dtype, loaded with `EVICTION` ("" for the default,
+    "evict_last" to keep them in L2 for the other programs); 0 stands in for one that is
+    absent, and the flags keep it unused."""
+    w = 0.0
+    b = 0.0
+    if HAS_WEIGHT:
+        w = _widen(tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+    if HAS_BIAS:
+        b = _widen(tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+    return w, b
+
+
+@triton.jit
+def _affine(xhat, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b, for the w and b that are there."""
+    y = xhat
+    if HAS_WEIGHT:
+        y = y * w
+    if HAS_BIAS:
+        y = y + b
+    return y
+
+
+@triton.jit
+def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b, w and b loaded now.  `cols` has xhat's rank: (1, BLOCK_N) for a
+    tile, so that w and b broadcast over its rows; (BLOCK_N,) for a chunk of one row."""
+    w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+    return _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
+
+
+@triton.jit
+def _standardize(x, mask, n_cols, eps, CENTERED: tl.constexpr):
+    """(xhat, rstd) of a (BLOCK_M, BLOCK_N) tile of whole rows, reduced in registers.
+
+    Padding lanes of x are 0 and stay 0 after centering, so they add nothing
+    to the sums.  The whole row is at hand, so the variance takes the
+    two-pass form: the mean first, then the squares of x - mean."""
+    if CENTERED:
+        mean = tl.sum(x, axis=1) / n_cols
+        x = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps)
+    return x * rstd[:, None], rstd
+
+
+# Long rows: statistics merged chunk by chunk (see the module docstring).
+
+
+@triton.jit
+def _chunk_moments(x, mask, count):
+    """(mean, M2) of one chunk; masked lanes (x = 0 there) are left out."""
+    mean = tl.sum(x, axis=0) / count
+    centered = tl.where(mask, x - mean, 0.0)
+    return mean, tl.sum(centered * centered, axis=0)
+
+
+@triton.jit
+def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Moments of two disjoint parts merged into those of their union."""
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    return mean, m2, n
+
+
+@triton.jit
+def _chunk_at(first, n_cols, BLOCK_N: tl.constexpr):
+    """Columns [first, first + BLOCK_N) of a row, the mask of those inside it, and their count."""
+    cols = first + tl.arange(0, BLOCK_N)
+    return cols, cols < n_cols, tl.minimum(n_cols - first, BLOCK_N)
+
+
+@triton.jit
+def _row_moments(x_ptr, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(mean, M2) of the row at x_ptr in one sweep; uncentered (RMS norm): (0, sum(x^2))."""
+    cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
+    x = _load(x_ptr + cols, mask)
+    if CENTERED:
+        # The first chunk starts the running moments, so they take the compute
+        # dtype from the data (a loop variable may not change dtype in the loop).
+        n_seen = count.to(x.dtype)
+        mean, m2 = _chunk_moments(x, mask, n_seen)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            n_chunk = count.to(x.dtype)
+            chunk_mean, chunk_m2 = _chunk_moments(x, mask, n_chunk)
+            mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
+    else:
+        mean = 0.0
+        m2 = tl.sum(x * x, axis=0)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            m2 += tl.sum(x * x, axis=0)
+    return mean, m2
+
+
+@triton.jit
+def _chunk_comoments(x, g, mask, count):
+    """(mean x, mean g, M2 of x, co-moment sum((x - mean x) * (g - mean g))) of one chunk."""
+    mean_x = tl.sum(x, axis=0) / count
+    mean_g = tl.sum(g, axis=0) / count
+    dx = tl.where(mask, x - mean_x, 0.0)
+    dg = tl.where(mask, g - mean_g, 0.0)
+    return mean_x, mean_g, tl.sum(dx * dx, axis=0), tl.sum(dx * dg, axis=0)
+
+
+@triton.jit
+def _merge_comoments(mean_x_a, mean_g_a, m2_a, c_a, n_a, mean_x_b, mean_g_b, m2_b, c_b, n_b):
+    """The co-moment merges like M2, with the product of the two means' deltas."""
+    n = n_a + n_b
+    delta_x = mean_x_b - mean_x_a
+    delta_g = mean_g_b - mean_g_a
+    weight = n_a * n_b / n
+    mean_x = mean_x_a + delta_x * (n_b / n)
+    mean_g = mean_g_a + delta_g * (n_b / n)
+    return mean_x, mean_g, m2_a + m2_b + delta_x * delta_x * weight, c_a + c_b + delta_x * delta_g * weight, n
+
+
+@triton.jit
+def _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
+    """g = dy * w, the gradient reaching xhat; and dy itself."""
+    dy = _load(dy_ptr + cols, mask)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * _load(w_ptr + cols, mask)
+    return g, dy
+
+
+@triton.jit
+def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One sweep over a row of x and g: (mean x, mean g, M2 of x, sum((x - mean x) * g)).
+
+    sum((x - mean x) * g) equals the co-moment, as sum(x - mean x) = 0.
+    Uncentered (RMS norm): (0, 0, sum(x^2), sum(x * g))."""
+    cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
+    x = _load(x_ptr + cols, mask)
+    g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+    if CENTERED:
+        n_seen = count.to(x.dtype)
+        mean_x, mean_g, m2, c = _chunk_comoments(x, g, mask, n_seen)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+            n_chunk = count.to(x.dtype)
+            chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x, g, mask, n_chunk)
+            mean_x, mean_g, m2, c, n_seen = _merge_comoments(
+                mean_x, mean_g, m2, c, n_seen, chunk_x, chunk_g, chunk_m2, chunk_c, n_chunk
+            )
+    else:
+        mean_x = 0.0
+        mean_g = 0.0
+        m2 = tl.sum(x * x, axis=0)
+        c = tl.sum(x * g, axis=0)
+        for first in range(BLOCK_N, n_cols, BLOCK_N):
+            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + cols, mask)
+            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+            m2 += tl.sum(x * x, axis=0)
+            c += tl.sum(x * g, axis=0)
+    return mean_x, mean_g, m2, c
+
+
+# --------------------------------------------------------------------------
+# The kernels' bodies, for either op (CENTERED: layer norm; not: RMS norm).
+# Every op launches them through thin kernels that fix CENTERED, with one
+# signature for both ops (RMS norm passes HAS_BIAS=False, BIAS_GRAD=False).
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def normalize_rows(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+):  # fmt: skip
+    """Short rows: a tile of BLOCK_M whole rows per program, one read and one write.
+    AFFINE_FIRST: w and b are loaded beside x, their latency hidden under x's, rather
+    than after the reductions (where they wait in the tile's critical path but take
+    no registers during the reductions)."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < n_rows) & (cols < n_cols)  # the last tile and every row's end hang over
+    offsets = rows * n_cols + cols
+    if AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
+    x = _load(x_ptr + offsets, mask)
+    xhat, _ = _standardize(x, mask, n_cols, eps, CENTERED)
+    if not AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+    y = _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def normalize_long_rows(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Long rows: one program per row; a sweep for the statistics, a sweep to write.
+    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows' less AFFINE_FIRST.)"""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    start = tl.program_id(0).to(tl.int64) * n_cols
+    mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
+    rstd = _rstd(m2, n_cols, eps)
+    for first in range(0, n_cols, BLOCK_N):
+        cols, mask, _ = _chunk_at(first, n_cols, BLOCK_N)
+        x = _load(x_ptr + start + cols, mask)
+        y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_tile(ptr, rows, cols, n_rows, n_cols):
+    """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges), and its offsets."""
+    offsets = rows * n_cols + cols
+    return tl.load(ptr + offsets, mask=(rows < n_rows) & (cols < n_cols), other=0.0), offsets
+
+
+@triton.jit
+def normalize_rows_backward(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
+    it writes dx, and its sums of dy * xhat and dy as row pid of the scratches.
+
+    LOAD_AHEAD issues the next tile's loads before this tile's math, so that they
+    are in flight while it runs (the program then holds two tiles of x and dy);
+    otherwise they are issued after this tile's store."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, cols < n_cols)  # once per program, reused by every row
+    dw_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)  # summed over the tile's rows only at the end
+    db_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)
+    step = tl.num_programs(0) * BLOCK_M
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    x_stored, offsets = _load_tile(x_ptr, rows, cols, n_rows, n_cols)
+    dy_stored, _ = _load_tile(dy_ptr, rows, cols, n_rows, n_cols)
+    for _tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        if LOAD_AHEAD:
+            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
+        mask = (rows < n_rows) & (cols < n_cols)
+        x = _widen(x_stored)
+        dy = _widen(dy_stored)
+        xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
+        if CENTERED:
+            dx = (g - tl.sum(g, axis=1)[:, None] / n_cols - xhat * mean_g_xhat) * rstd[:, None]
+        else:
+            dx = (g - xhat * mean_g_xhat) * rstd[:, None]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        # Padding rows can have rstd = inf (eps = 0 and var = 0), so xhat NaN:
+        # the mask keeps them out of the sum.
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, dy * xhat, 0.0)
+        if BIAS_GRAD:
+            db_acc += dy
+        if not LOAD_AHEAD:
+            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
+        rows, offsets, x_stored, dy_stored = rows + step, next_offsets, x_next, dy_next
+    partial = tl.program_id(0).to(tl.int64) * n_cols + tl.arange(0, BLOCK_N)
+    in_row = tl.arange(0, BLOCK_N) < n_cols
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + partial, tl.sum(dw_acc, axis=0), mask=in_row)
+    if BIAS_GRAD:
+        tl.store(db_partial_ptr + partial, tl.sum(db_acc, axis=0), mask=in_row)
+
+
+# Long rows: per-row statistics, then a (row group, column chunk) grid.
+_STATS = 4  # per row: mean, rstd, mean(g * xhat), mean(g)
+
+
+@triton.jit
+def row_statistics_backward(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Long rows, pass 1: one sweep over a row for what dx needs (see _STATS)."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    row = tl.program_id(0).to(tl.int64)
+    start = row * n_cols
+    mean_x, mean_g, m2, c = _row_comoments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, HAS_WEIGHT, BLOCK_N)
+    rstd = _rstd(m2, n_cols, eps)
+    stats = stats_ptr + row * 4  # _STATS values a row
+    tl.store(stats + 1, rstd.to(stats_ptr.dtype.element_ty))
+    tl.store(stats + 2, (rstd * c / n_cols).to(stats_ptr.dtype.element_ty))  # mean(g * xhat)
+    if CENTERED:  # RMS norm reads neither
+        tl.store(stats + 0, mean_x.to(stats_ptr.dtype.element_ty))
+        tl.store(stats + 3, mean_g.to(stats_ptr.dtype.element_ty))
+
+
+@triton.jit
+def columns_backward(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Long rows, pass 2: program (group, chunk) writes dx on one column chunk of
+    the rows group, group + n_groups, ..., and that chunk of its partial dw/db."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    group = tl.program_id(0)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, mask)
+    dw_acc = _zeros_1d(x_ptr, BLOCK_N)
+    db_acc = _zeros_1d(x_ptr, BLOCK_N)
+    for row in range(group, n_rows, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)  # not .to: the interpreter hands the loop a Python int
+        start = row64 * n_cols
+        stats = stats_ptr + row64 * 4  # _STATS values a row
+        rstd = tl.load(stats + 1)
+        mean_g_xhat = tl.load(stats + 2)
+        x = _load(x_ptr + start + cols, mask)
+        dy = _load(dy_ptr + start + cols, mask)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        if CENTERED:
+            xhat = (x - tl.load(stats + 0)) * rstd
+            dx = (g - tl.load(stats + 3) - xhat * mean_g_xhat) * rstd
+        else:
+            xhat = x * rstd
+            dx = (g - xhat * mean_g_xhat) * rstd
+        tl.store(dx_ptr + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WEIGHT_GRAD:
+            dw_acc += tl.where(mask, dy * xhat, 0.0)
+        if BIAS_GRAD:
+            db_acc += dy
+    partial = group.to(tl.int64) * n_cols + cols
+    if WEIGHT_GRAD:
+        tl.store(dw_partial_ptr + partial, dw_acc, mask=mask)
+    if BIAS_GRAD:
+        tl.store(db_partial_ptr + partial, db_acc, mask=mask)
+
+
+@triton.jit
+def column_sum_kernel(
+    first_partial_ptr, second_partial_ptr, first_out_ptr, second_out_ptr, n_partials, n_cols,
+    TWO_SUMS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """The second stage of the dw/db reduction, both gradients in one launch: program (c, s)
+    sums the columns c * BLOCK_N, ... of the first (n_partials, n_cols) scratch into the
+    first output (s = 0), or of the second into the second (s = 1), walking down the
+    partial rows BLOCK_P at a time.  Without TWO_SUMS the second pair is not touched."""
+    n_cols = known_multiple(n_cols, COL_MULTIPLE)
+    partial_ptr, out_ptr = first_partial_ptr, first_out_ptr
+    if TWO_SUMS:
+        first = tl.program_id(1) == 0
+        partial_ptr = tl.where(first, first_partial_ptr, second_partial_ptr)
+        out_ptr = tl.where(first, first_out_ptr, second_out_ptr)  # dw and db: one dtype
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _zeros_2d(partial_ptr, BLOCK_P, BLOCK_N)
+    for start in range(0, n_partials, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        mask = (parts[:, None] < n_partials) & (cols[None, :] < n_cols)
+        acc += tl.load(partial_ptr + parts[:, None].to(tl.int64) * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+# --------------------------------------------------------------------------
+# Layer norm's own kernels: the bodies above with CENTERED on.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def layer_norm_forward_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+):  # fmt: skip
+    normalize_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        AFFINE_FIRST,
+    )  # fmt: skip
+
+
+@triton.jit
+def layer_norm_forward_long_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    normalize_long_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
+
+
+@triton.jit
+def layer_norm_backward_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    normalize_rows_backward(
+        dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
+    )  # fmt: skip
+
+
+@triton.jit
+def layer_norm_backward_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    row_statistics_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, True, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+    )
+
+
+@triton.jit
+def layer_norm_backward_columns_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    columns_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# The kernels: layer norm's bodies with CENTERED off.  Their signatures are
+# layer norm's, so that one launcher serves both ops: RMS norm has no bias,
+# and is always launched with HAS_BIAS=False and BIAS_GRAD=False.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def rms_norm_forward_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+):  # fmt: skip
+    normalize_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        AFFINE_FIRST,
+    )  # fmt: skip
+
+
+@triton.jit
+def rms_norm_forward_long_rows_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    normalize_long_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+    )
+
+
+@triton.jit
+def rms_norm_backward_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    normalize_rows_backward(
+        dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
+    )  # fmt: skip
+
+
+@triton.jit
+def rms_norm_backward_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    row_statistics_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, False, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+    )
+
+
+@triton.jit
+def rms_norm_backward_columns_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    columns_backward(
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
+    )  # fmt: skip

@@ -1,0 +1,80 @@
+"""What the comparison harness (and the tests) know about an op: its ``OpSpec``.
+
+A leaf module: it imports torch only, so the harness, the tests and the op
+files can all read it without importing one another.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A declarative description of one op, read by ``compare`` and the tests.
+
+    Shapes are op-specific tuples (numel for gelu, (rows, cols) for softmax,
+    (M, N, K) for matmul); everything the harness does with one goes through
+    the callables below, so the harness needs no op-specific code.
+    """
+
+    name: str
+    tk: Callable  # the hand-written op: tk(*inputs)
+    reference: Callable  # the PyTorch op it competes with, same call
+    make_inputs: Callable[[tuple, torch.dtype, torch.device], tuple]
+    bytes_moved: Callable[[tuple, torch.dtype], int]  # the fewest bytes a kernel must move
+    flops: Callable[[tuple, torch.dtype], int]
+    tolerance: dict[torch.dtype, float]  # max relative norm error vs float64
+    shapes: dict[str, list[tuple]]  # default sweep per device type ("cuda", "cpu")
+    describe: Callable[[tuple], str] = lambda shape: "x".join(map(str, shape))
+    dtypes: tuple = (torch.bfloat16, torch.float16, torch.float32)
+    bound: str = "memory"  # "memory": judged against copy bandwidth; "compute": against cuBLAS
+    unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
+    peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
+    peer_devices: tuple[str, ...] = ("cuda",)  # where the peers run (Liger's are Triton kernels for CUDA only)
+    reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs
+    compile_tk: bool = False  # also time torch.compile of `tk` (a model built from tk ops)
+    kernel_modules: tuple[str, ...] = ()  # where the hand-written kernels live, if not in tk's own module
+
+
+SPECS: dict[str, OpSpec] = {}
+
+
+def register_spec(spec: OpSpec) -> OpSpec:
+    if spec.name in SPECS:
+        raise ValueError(f"op {spec.name!r} is registered twice")
+    SPECS[spec.name] = spec
+    return spec
+
+
+def get_spec(name: str) -> OpSpec:
+    """The spec of op ``name``; a clear error listing the known ops otherwise."""
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(SPECS))}") from None
+
+
+# Helpers the elementwise ops' specs share.
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def describe_numel(shape) -> str:
+    (n,) = shape
+    return f"n=2^{math.log2(n):.0f}" if n & (n - 1) == 0 else f"n={n}"
+
+
+# Max relative norm error against float64, per dtype, for ops whose only
+# error is the final rounding (and the reference's own roundings).
+ROUNDING_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
+
+# Flat sizes from 4096 elements (launch-bound) to 2**28 (0.5 to 1 GiB a tensor).
+ELEMENTWISE_SHAPES = {
+    "cuda": [(1 << k,) for k in (12, 16, 20, 22, 24, 26, 28)],
+    "cpu": [(1000,), (65_537,), (1 << 20,)],
+}

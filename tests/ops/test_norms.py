@@ -1,0 +1,1126 @@
+"""rms_norm and layer_norm against float64 references: dtypes, odd shapes,
+strides, empties, every design, gradients, opcheck, errors and torch.compile.
+
+Each test runs on the CPU (the Triton kernels through the interpreter, small
+sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ptx_checks import assert_publishes_without_release, assert_waits_for_the_fill_before_the_scratch, build_for_hopper
+from reference import (
+    DEVICES,
+    DTYPES,
+    assert_close,
+    assert_raises_clearly,
+    error_cases,
+    leaf64,
+    rel_error,
+    strided_versions,
+)
+
+import ops
+from ops.blocks import held_rows
+from ops.blocks.alignment import column_multiple
+from ops.norms import engine as norm_ops  # the module with the design constants both ops share
+from ops.norms.rms_norm import default_eps
+
+
+def pick(device, cpu, cuda):
+    return cuda if device == "cuda" else cpu
+
+
+def params(n, device, dtype, weight=True, bias=True):
+    """A weight near 1 and a bias near 0 (not exactly: a wrong use of either shows)."""
+    w = 1 + 0.5 * torch.randn(n, device=device, dtype=dtype) if weight else None
+    b = 0.5 * torch.randn(n, device=device, dtype=dtype) if bias else None
+    return w, b
+
+
+def as64(t):
+    return None if t is None else t.double()
+
+
+def rms_reference(x, weight, eps):
+    return F.rms_norm(x.double(), (x.shape[-1],), as64(weight), eps)
+
+
+def layer_norm_reference(x, normalized_shape, weight, bias, eps):
+    return F.layer_norm(x.double(), normalized_shape, as64(weight), as64(bias), eps)
+
+
+# ------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_float64(device, dtype):
+    shapes = pick(
+        device,
+        [(37, 129), (3, 5, 64), (1, 1), (2, 70_001)],  # 70_001: longer than a CPU block
+        [(4096, 4096), (3000, 5000), (8, 1000, 999), (16384, 128), (64, 16385), (1024, 32768), (2, 100_003)]
+        + [(1, 4096), (4096, 1)],  # one row, one column: Triton specializes a size of 1
+    )
+    for i, shape in enumerate(shapes):
+        x = 2 * torch.randn(shape, device=device, dtype=dtype)
+        weight, _ = params(shape[-1], device, dtype, weight=i % 2 == 0, bias=False)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.rms_norm(view, weight, 1e-6)
+            assert y.shape == view.shape, layout
+            # float64 on CUDA: eps reaches the kernel as float32 (see _rstd); a
+            # one-column row's mean square can be near eps (1.2e-11 measured).
+            scale = 100 if device == "cuda" and dtype == torch.float64 else 1
+            assert_close(y, rms_reference(view, weight, 1e-6), dtype, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_matches_float64(device, dtype):
+    cases = pick(
+        device,
+        [((37, 129), [129]), ((3, 5, 64), [5, 64]), ((4, 1), [1]), ((2, 3, 7, 11), [7, 11]), ((2, 70_001), [70_001])],
+        [
+            ((4096, 4096), [4096]),
+            ((3000, 5000), [5000]),
+            ((8, 1000, 999), [1000, 999]),
+            ((16384, 128), [128]),
+            ((64, 16385), [16385]),
+            ((1024, 32768), [32768]),
+            ((2, 100_003), [100_003]),
+            ((1, 4096), [4096]),  # one row, one column: Triton specializes a size of 1
+            ((4096, 1), [1]),
+        ],
+    )
+    affine = [(True, True), (True, False), (False, True), (False, False)]
+    for i, (shape, normalized_shape) in enumerate(cases):
+        x = 5 + 2 * torch.randn(shape, device=device, dtype=dtype)  # a mean far from 0
+        has_weight, has_bias = affine[i % len(affine)]
+        weight, bias = params(normalized_shape, device, dtype, has_weight, has_bias)
+        for layout, view in strided_versions(x):
+            y = torch.ops.tk.layer_norm(view, normalized_shape, weight, bias, 1e-5)
+            assert y.shape == view.shape, layout
+            assert_close(y, layer_norm_reference(view, normalized_shape, weight, bias, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [129, 70_001])  # one block, and two sweeps
+def test_layer_norm_variance_survives_a_large_mean(device, n_cols):
+    """float32 rows of mean 1e4 and std 1.  Any float32 algorithm errs by
+    about eps * mean / std (the mean itself is rounded to float32); the
+    one-pass sum(x^2)/N - mean^2 loses the whole variance instead (errors of
+    0.6 to 250 here), and the chunk merge of long rows must not either."""
+    mean, std = 1e4, 1.0
+    x = mean + std * torch.randn(pick(device, 3, 512), n_cols, device=device)
+    reference = layer_norm_reference(x, [n_cols], None, None, 1e-5)
+    error = rel_error(torch.ops.tk.layer_norm(x, [n_cols], None, None, 1e-5), reference)
+    assert error < 8 * torch.finfo(torch.float32).eps * mean / std
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_default_eps_is_pytorchs(device, dtype):
+    """eps=None: PyTorch adds the compute dtype's epsilon (float32's for half
+    types), not torch.finfo(dtype).eps; it shows on rows of tiny values."""
+    x = 1e-4 * torch.randn(pick(device, 5, 1024), 64, device=device, dtype=dtype)
+    weight, _ = params(64, device, dtype, bias=False)
+    out = torch.ops.tk.rms_norm(x, weight, None)
+    expected = F.rms_norm(x, (64,), weight, None)
+    assert_close(out, expected.double(), dtype)
+    assert default_eps(dtype) == torch.finfo(torch.float32).eps
+    if dtype != torch.float32:  # the other reading of "the dtype's eps" would be far off
+        other = rms_reference(x, weight, torch.finfo(dtype).eps)
+        assert rel_error(out, other) > 0.5
+    assert default_eps(torch.float64) == torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_weight_and_bias(device):
+    n = 20
+    x = torch.randn(5, n, device=device)
+    weight = torch.randn(2 * n, device=device)[::2]
+    bias = torch.randn(3 * n, device=device)[::3]
+    assert_close(torch.ops.tk.rms_norm(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.float32)
+    assert_close(
+        torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5), layer_norm_reference(x, [n], weight, bias, 1e-5), torch.float32
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")  # numpy, in padding
+def test_eps_zero_leaves_padding_rows_out_of_the_gradients(device):
+    """Rows past the end of the last tile read as zeros: with eps = 0 their
+    rstd is inf and xhat NaN, which must not reach dw of the real rows."""
+    n_rows, n = 5, 20  # on either device a tile of 8 rows: three rows of padding
+    assert norm_ops._row_tile(n_rows, n, norm_ops._kind(torch.device(device)))[0] == 8
+    x = torch.randn(n_rows, n, device=device, dtype=torch.float64, requires_grad=True)
+    weight, bias = params(n, device, torch.float64)
+    inputs = [x, weight.requires_grad_(), bias.requires_grad_()]
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.rms_norm(x, w, 0.0), lambda x, w, b: F.rms_norm(x, (n,), w, 0.0), inputs, torch.float64
+    )
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 0.0),
+        lambda x, w, b: F.layer_norm(x, (n,), w, b, 0.0),
+        inputs,
+        torch.float64,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norms_of_empty_tensors(device):
+    weight = torch.randn(5, device=device, requires_grad=True)
+    bias = torch.randn(5, device=device, requires_grad=True)
+    for shape in [(0, 5), (2, 0, 5)]:
+        x = torch.randn(shape, device=device, requires_grad=True)
+        y = torch.ops.tk.rms_norm(x, weight, 1e-6) + torch.ops.tk.layer_norm(x, [5], weight, bias, 1e-5)
+        assert y.shape == shape
+        y.sum().backward()
+        assert x.grad.shape == shape
+        assert torch.equal(weight.grad, torch.zeros(5, device=device))  # a sum over no rows
+        assert torch.equal(bias.grad, torch.zeros(5, device=device))
+        weight.grad = bias.grad = None
+    x = torch.randn(4, 0, device=device)
+    assert torch.ops.tk.rms_norm(x, None, None).shape == (4, 0)
+    assert torch.ops.tk.layer_norm(x, [0], None, None, 1e-5).shape == (4, 0)
+
+
+# ----------------------------------------------------------------- backward
+
+
+def check_gradients(tk_fn, torch_fn, inputs, dtype, scale=2.0):
+    """Gradients of every input that requires them, against PyTorch in float64, each in its input's
+    dtype (`dtype` for 16-bit inputs; float32 parameters of a 16-bit x get float32 gradients)."""
+    tk_inputs = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = tk_fn(*tk_inputs)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref_inputs = [None if t is None else leaf64(t).requires_grad_(t.requires_grad) for t in inputs]
+    torch_fn(*ref_inputs).backward(grad.double())
+    for got, want in zip(tk_inputs, ref_inputs):
+        if want is None or want.grad is None:  # frozen, or unused (a bias passed to rms_norm's lambda)
+            assert got is None or got.grad is None
+            continue
+        assert_close(got.grad, want.grad, dtype if got.dtype == dtype else got.dtype, scale=scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_backward_matches_pytorch(device, dtype):
+    shapes = pick(device, [(37, 129), (2, 3, 64)], [(4096, 4096), (16384, 1024), (3000, 5000), (512, 16385)])
+    for shape in shapes:
+        n = shape[-1]
+        x = 2 * torch.randn(shape, device=device, dtype=dtype).requires_grad_()
+        weight, _ = params(n, device, dtype, bias=False)
+        check_gradients(
+            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+            [x, weight.requires_grad_()],
+            dtype,
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_backward_spec(device):
+    """The harness's rms_norm backward: on CUDA eager runs aten's fused backward (what autograd runs
+    for F.rms_norm there), elsewhere the formula; the formula, in float64, is the reference."""
+    from ops.norms import spec as rms_ops
+
+    spec = ops.get_spec("rms_norm_backward")
+    shape = pick(device, spec.shapes["cpu"][0], (4096, 4096))
+    assert spec.bytes_moved(shape, torch.bfloat16) == 2 * (3 * shape[0] * shape[1] + 2 * shape[1])
+    for dtype in spec.dtypes:
+        grad, x, weight, rstd = inputs = spec.make_inputs(shape, dtype, torch.device(device))
+        x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+        F.rms_norm(x64, (shape[-1],), w64, rms_ops.RMS_EPS).backward(grad.double())
+        ref64 = spec.reference64(*(t.double() for t in inputs))
+        torch.testing.assert_close(ref64, (x64.grad, w64.grad))
+        for got in (spec.reference(*inputs), spec.tk(*inputs)):
+            assert [t.dtype for t in got] == [dtype, dtype]
+            assert_close(got[0], x64.grad, dtype)
+            assert_close(got[1], w64.grad, dtype, scale=4)  # a sum over the rows: PyTorch's own rounding
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_backward_matches_pytorch(device, dtype):
+    cases = pick(
+        device,
+        [((37, 129), [129]), ((2, 3, 4, 16), [4, 16])],
+        [((4096, 4096), [4096]), ((16384, 1024), [1024]), ((3000, 5000), [5000]), ((512, 16385), [16385])],
+    )
+    for shape, normalized_shape in cases:
+        x = (5 + 2 * torch.randn(shape, device=device, dtype=dtype)).requires_grad_()
+        weight, bias = params(normalized_shape, device, dtype)
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, normalized_shape, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, normalized_shape, w, b, 1e-5),
+            [x, weight.requires_grad_(), bias.requires_grad_()],
+            dtype,
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_only_where_asked(device):
+    """A frozen weight or bias gets no gradient (and none is computed); x may be frozen too."""
+    n = pick(device, 33, 4096)
+    dtype = torch.float32
+    x = torch.randn(pick(device, 6, 2048), n, device=device, dtype=dtype)
+    weight, bias = params(n, device, dtype)
+    for x_grad, w_grad, b_grad in [(True, False, False), (False, True, False), (True, False, True), (False, False, True)]:
+        inputs = [x.requires_grad_(x_grad), weight.requires_grad_(w_grad), bias.requires_grad_(b_grad)]
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+            inputs,
+            dtype,
+        )
+        if x_grad or w_grad:
+            check_gradients(
+                lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w: F.rms_norm(x, (n,), w, 1e-6), inputs[:2], dtype
+            )
+    check_gradients(  # no weight at all, bias only
+        lambda x, b: torch.ops.tk.layer_norm(x, [n], None, b, 1e-5),
+        lambda x, b: F.layer_norm(x, (n,), None, b, 1e-5),
+        [x.requires_grad_(), bias.requires_grad_()],
+        dtype,
+    )
+    check_gradients(lambda x: torch.ops.tk.rms_norm(x, None, None), lambda x: F.rms_norm(x, (n,), None, None), [x], dtype)
+
+
+def test_gradcheck():
+    x = torch.randn(3, 2, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
+    cases = [
+        (lambda x, w, b: torch.ops.tk.layer_norm(x, [2, 7], w, b, 1e-5), (x, w, b)),
+        (lambda x, w: torch.ops.tk.rms_norm(x, w[0], 1e-6), (x, w)),
+        (lambda x: torch.ops.tk.rms_norm(x, None, None), (x,)),
+        (lambda x: torch.ops.tk.layer_norm(x, [7], None, None, 1e-5), (x,)),
+    ]
+    for fn, inputs in cases:
+        assert torch.autograd.gradcheck(fn, inputs, fast_mode=True)
+
+
+# ---------------------------------------------------------------- designs
+#
+# The CPU constants shrunk so that rows of tens of columns take every design:
+# forward blocks of at most 64 columns, backward blocks of 32, tiles of 32
+# elements, chunks of 16, up to 8 programs of at least 2 rows, and a column
+# sum of 2 partial rows by 8 columns a step.  `launched` records the kernels
+# and grids, so that each test checks it reached the design it means to test.
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setitem(norm_ops._MAX_BLOCK, "cpu", 64)
+    monkeypatch.setitem(norm_ops._MAX_BLOCK_BACKWARD, "cpu", 32)
+    monkeypatch.setitem(norm_ops._TILE, "cpu", 32)
+    monkeypatch.setitem(norm_ops._CHUNK, "cpu", 16)
+    monkeypatch.setitem(norm_ops._COLUMN_SUM_BLOCK, "cpu", (2, 8))
+    monkeypatch.setattr(norm_ops, "_CPU_PROGRAMS", 8)
+    monkeypatch.setattr(norm_ops, "_MIN_ROWS_PER_PROGRAM", 2)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    calls = []
+    launch = norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        calls.append((getattr(kernel, "__name__", None) or kernel.fn.__name__, grid))  # an autotuner: its function's
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    return calls
+
+
+# (shape, forward design, backward design, forward grid, backward grid) under small_blocks
+DESIGN_CASES = [
+    ((13, 20), "forward", "backward", (13,), (6,)),  # tiles of 1 row; 6 programs looping over 2 or 3 tiles
+    ((9, 6), "forward", "backward", (3,), (3,)),  # tiles of 4 rows of 8 lanes; the last tile is 3 rows of padding
+    ((7, 50), "forward", "backward_long", (7,), (2, 4)),  # 2 row groups x 4 chunks, the last of 2 columns
+    ((5, 100), "forward_long_rows", "backward_long", (5,), (2, 7)),  # 7 chunks, the last of 4 columns
+]
+
+
+def kernel_names(prefix, forward, backward):
+    backward_kernels = {
+        "backward": [f"{prefix}_backward_kernel"],
+        "backward_long": [f"{prefix}_backward_stats_kernel", f"{prefix}_backward_columns_kernel"],
+    }[backward]
+    forward_kernel = {"forward": f"{prefix}_forward_kernel", "forward_long_rows": f"{prefix}_forward_long_rows_kernel"}
+    return [forward_kernel[forward], *backward_kernels]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_designs_match_float64(small_blocks, launched, dtype, case):
+    shape, forward, backward, forward_grid, backward_grid = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", dtype)
+    ops_under_test = [
+        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]
+    for prefix, tk_fn, torch_fn in ops_under_test:
+        launched.clear()
+        assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
+        check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
+        names = [name for name, _ in launched]
+        # the forward twice (the value, then under autograd), the backward, one column sum for dw (and db)
+        forward_kernel, *backward_kernels = kernel_names(prefix, forward, backward)
+        assert names == [forward_kernel, forward_kernel, *backward_kernels, "column_sum_kernel"], names
+        grids = dict(launched)
+        assert grids[forward_kernel] == forward_grid
+        assert grids[backward_kernels[-1]] == backward_grid
+        assert grids["column_sum_kernel"][1] == (1 if prefix == "rms_norm" else 2)  # a block per parameter
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_float32_params_with_a_16bit_x(small_blocks, launched, dtype, case):
+    """A 16-bit x with a float32 weight and bias, as mixed-precision models keep norms (PyTorch's norms
+    take them): y in x's dtype, dx in x's, dweight and dbias in float32, every design."""
+    shape, forward, backward, *_ = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", torch.float32)
+    for prefix, tk_fn, torch_fn in [
+        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]:
+        launched.clear()
+        assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
+        check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
+        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("param_dtype", ["x's", torch.float32])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_a_float32_result_of_a_16bit_x(small_blocks, launched, x_dtype, param_dtype, case):
+    """dtype=float32 (what autocast asks for on CUDA): x read as it is, y in float32 and as accurate
+    as float32 allows, in every design; dx in x's dtype, the parameters' gradients in theirs."""
+    shape, forward, backward, *_ = case
+    n = shape[-1]
+    x = 5 + 2 * torch.randn(shape, dtype=x_dtype)
+    weight, bias = params(n, "cpu", x_dtype if param_dtype == "x's" else param_dtype)
+    for prefix, tk_fn, torch_fn in [
+        (
+            "rms_norm",
+            lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6, torch.float32),
+            lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6),
+        ),
+        (
+            "layer_norm",
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5, torch.float32),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+        ),
+    ]:
+        launched.clear()
+        y = tk_fn(x, weight, bias)
+        assert y.dtype == torch.float32
+        # x and the parameters widen exactly: only float32's own rounding is left
+        assert_close(y, torch_fn(x.double(), as64(weight), as64(bias)), torch.float32)
+        inputs = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+        check_gradients(tk_fn, torch_fn, inputs, x_dtype)
+        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_float32_result_of_strided_and_empty_16bit_inputs(device):
+    n = pick(device, 33, 4096)
+    weight, bias = params(n, device, torch.float32)
+    for _, x in strided_versions(torch.randn(pick(device, 6, 1024), n, device=device, dtype=torch.bfloat16)):
+        y = torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5, torch.float32)
+        assert y.dtype == torch.float32
+        assert_close(y, layer_norm_reference(x, (n,), weight, bias, 1e-5), torch.float32)
+        y = torch.ops.tk.rms_norm(x, weight, 1e-6, torch.float32)
+        assert_close(y, rms_reference(x, weight, 1e-6), torch.float32)
+    for shape in [(0, n), (4, 0)]:
+        x = torch.randn(shape, device=device, dtype=torch.float16)
+        assert torch.ops.tk.rms_norm(x, None, None, torch.float32).dtype == torch.float32
+        y = torch.ops.tk.layer_norm(x, [shape[-1]], None, None, 1e-5, torch.float32)
+        assert y.shape == shape and y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_params_with_a_16bit_x_at_model_sizes(device):
+    shape = (37, 129) if device == "cpu" else (4096, 4096)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(shape, device=device, dtype=dtype).requires_grad_()
+        weight, bias = params(shape[-1], device, torch.float32)
+        n = shape[-1]
+        check_gradients(
+            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
+            [x, weight.requires_grad_(), bias.requires_grad_()],
+            dtype,
+        )
+        check_gradients(
+            lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (n,), w, 1e-6),
+            [x, weight],
+            dtype,
+        )
+
+
+def test_the_short_row_backward_loads_ahead_by_tile_bytes(small_blocks, monkeypatch):
+    """Tiles of at most _LOAD_AHEAD_BYTES of the widest input load the next tile before this one's
+    math, larger ones after its store: the same sums in the same order, so the same bits."""
+    flags = []
+    launch = norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        if "LOAD_AHEAD" in kwargs:
+            flags.append(kwargs["LOAD_AHEAD"])
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    x = torch.randn(37, 20, dtype=torch.bfloat16)  # tiles of 1 row of 32 lanes, several a program
+    weight, bias = params(20, "cpu", torch.float32)
+    results = {}
+    for grad_dtype in (torch.bfloat16, torch.float32):  # float32: a float32 result's gradient
+        grad = torch.randn(37, 20, dtype=grad_dtype)
+        for limit in (32 * grad.element_size(), 32 * grad.element_size() - 1):
+            monkeypatch.setattr(norm_ops, "_LOAD_AHEAD_BYTES", limit)
+            flags.clear()
+            results[limit == 32 * grad.element_size()] = [
+                torch.ops.tk.layer_norm_backward(grad, x, [20], weight, 1e-5, True, True),
+                torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True),
+            ]
+            assert flags == [limit == 32 * grad.element_size()] * 2
+        for ahead, after in zip(results[True], results[False], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(ahead, after, strict=True))
+
+
+@pytest.mark.parametrize("present", [(True, True), (True, False), (False, True), (False, False)], ids=["w+b", "w", "b", "none"])
+def test_the_forward_loads_w_and_b_beside_x_or_after(small_blocks, monkeypatch, present):
+    """Blocks of at most _AFFINE_FIRST_MAX_BLOCK columns load w and b beside x, wider ones after
+    the reductions: both give the float64 values, with w and b each there or not, of a bfloat16
+    x (float32 parameters where there is a weight: a lone bias must have x's dtype)."""
+    monkeypatch.setattr(norm_ops, "_AFFINE_FIRST_MAX_BLOCK", 16)
+    flags, launch = [], norm_ops._launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        flags.append(kwargs.get("AFFINE_FIRST"))
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "_launch", spy)
+    for n in (6, 20):  # blocks of 8 and 32 columns
+        x = 5 + 2 * torch.randn(9, n, dtype=torch.bfloat16)
+        weight, bias = params(n, "cpu", torch.float32 if present[0] else torch.bfloat16, *present)
+        y = torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5)
+        assert_close(y, layer_norm_reference(x, (n,), weight, bias, 1e-5), torch.bfloat16)
+        assert_close(torch.ops.tk.rms_norm(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.bfloat16)
+    assert flags == [True, True, False, False]
+
+
+def test_long_rows_gradcheck(small_blocks, launched):
+    x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: torch.ops.tk.layer_norm(x, [50], w, b, 1e-5), (x, w, b), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6), (x, w), fast_mode=True)
+    names = {name for name, _ in launched}
+    assert {"layer_norm_backward_columns_kernel", "rms_norm_backward_columns_kernel"} <= names
+
+
+def test_the_design_rules(monkeypatch):
+    """Tiles hold whole rows and about _TILE elements; the backward's programs
+    are a few per SM, each with at least _MIN_ROWS_PER_PROGRAM rows."""
+    monkeypatch.setattr(norm_ops, "_sm_count", lambda index: 132)  # an H100
+    cuda = torch.device("cuda", 0)
+    target = norm_ops._PROGRAMS_PER_SM * 132
+    for n_rows in [1, 3, 100, 4096, 1 << 20]:
+        for n_cols in [1, 7, 128, 1000, 4096, 16384]:
+            block_m, block_n = norm_ops._row_tile(n_rows, n_cols, "cuda")
+            assert block_n >= n_cols and block_n & (block_n - 1) == 0 and block_m & (block_m - 1) == 0
+            assert block_m == 1 or block_m * block_n <= norm_ops._TILE["cuda"]
+            assert block_m < 2 * n_rows  # no tile of padding rows only
+            tiles = -(-n_rows // block_m)
+            programs = norm_ops._backward_programs(tiles, n_rows, cuda)
+            assert 1 <= programs <= min(target, tiles)
+            assert programs == 1 or n_rows / programs >= norm_ops._MIN_ROWS_PER_PROGRAM
+    assert norm_ops._backward_programs(1 << 20, 1 << 20, cuda) == target  # big inputs fill every SM
+    # The forward's tile: 2048 elements, 1024 of 16-bit rows (measured, see _TILE); longer rows alone.
+    assert [norm_ops._row_tile(1 << 20, n, "cuda") for n in (128, 768, 2048, 4100)] == [
+        (16, 128), (2, 1024), (1, 2048), (1, 8192)
+    ]
+    assert [norm_ops._row_tile(1 << 20, n, "cuda", torch.bfloat16) for n in (128, 768, 2048)] == [
+        (8, 128), (1, 1024), (1, 2048)
+    ]
+    assert norm_ops._row_tile(1 << 20, 128, "cuda", torch.float64) == (8, 128)  # two registers a value
+    short_rows = norm_ops._backward_programs(1 << 20, 1 << 20, cuda, norm_ops._SHORT_ROW_PROGRAMS_PER_SM)
+    assert short_rows == 132  # one an SM: a program loading ahead holds its registers
+
+
+# ------------------------------------------------------ rows held across programs
+
+
+@pytest.fixture
+def held_rows(small_blocks, monkeypatch):
+    """The backward rows held across programs on CPU: each program computes its row's
+    partials itself there (the interpreter runs programs one after another), over 32-column segments."""
+    monkeypatch.setitem(norm_ops._HELD_ROWS, "cpu", True)
+
+
+# op: (tk forward, PyTorch forward, its held kernel's name), each forward taking (x, weight, bias)
+HELD_OPS = {
+    "rms_norm": (
+        lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6),
+        lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+    ),
+    "layer_norm": (
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [x.shape[-1]], w, b, 1e-5),
+        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
+    ),
+}
+
+
+def _backward(op, grad, x, weight, bias):
+    """The op's backward op on its own: (dx, dweight[, dbias])."""
+    if op == "rms_norm":
+        return torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, weight is not None)
+    return torch.ops.tk.layer_norm_backward(grad, x, [x.shape[-1]], weight, 1e-5, weight is not None, bias is not None)
+
+
+@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("dtype", DTYPES[:3])  # float64 keeps the two sweeps (see test_the_held_rows_rule)
+@pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
+def test_norm_backward_held_rows_match_float64(held_rows, launched, op, dtype, shape):
+    """Rows not cut evenly by segments (100 = 3 x 32 + 4; 33 = 32 + 1), rows not cut evenly by the
+    rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight (and bias) and without,
+    rows whose mean is far from 0 (layer norm merges its segments' moments, no cancellation), and a
+    float32 grad of a 16-bit x (an autocast result's): the gradients against float64."""
+    n = shape[-1]
+    tk_fn, torch_fn = HELD_OPS[op]
+    x = 100 + torch.randn(shape, dtype=dtype) if op == "layer_norm" else 3 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n, "cpu", dtype)
+    for w, b in ((weight, bias), (None, None)):
+        launched.clear()
+        leaves = [x.requires_grad_(), None if w is None else w.requires_grad_(), None if b is None else b.requires_grad_()]
+        check_gradients(tk_fn, torch_fn, leaves, dtype)
+        names = [name for name, _ in launched]
+        assert f"{op}_backward_held_kernel" in names and f"{op}_backward_stats_kernel" not in names, names
+    grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
+    bias = bias if op == "layer_norm" else None
+    tk_grads = _backward(op, grad, x.detach(), weight, bias)
+    leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
+    torch_fn(*leaves).backward(grad.double())
+    for got, leaf in zip(tk_grads, leaves):
+        assert got.dtype == dtype
+        assert_close(got, leaf.grad, dtype)
+
+
+def _held_twice(op, x, grad, weight, rows_ahead=1):
+    """The op's held backward launched twice over the same words: first no program waits (each
+    computes every partial of its rows and publishes its own), then each finds its rows' words
+    published and combines those.  Both (dx, dw partials), and the words."""
+    n_rows, n_cols = x.shape
+    kernels = ops.norms.engine.RMS_NORM_KERNELS if op == "rms_norm" else ops.norms.engine.LAYER_NORM_KERNELS
+    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
+        kernels, n_rows, n_cols, column_multiple(n_cols), x.element_size(), x.device
+    )
+    assert rows_at_once < n_rows / 2  # a program's rounds reach the segment two rows ahead
+    words = ops.blocks.held_rows.unpublished_words(x, n_rows, kernels.held_words * n_segments)
+    kernel = ops.blocks.held_rows.register_capped(kernels.backward_held, setup.warps, setup.registers)
+    results = []
+    for max_spins in (0, 1):
+        dx, dw_partial = torch.full_like(x, float("nan")), torch.full((rows_at_once, n_cols), float("nan"))
+        norm_ops.launcher(kernel, x)[(rows_at_once * n_segments,)](
+            grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
+            HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
+            SEGMENTS_BLOCK=ops.blocks.held_rows.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
+            **{**norm_ops.held_layout(kernels, setup, n_cols, segment), "ROWS_AHEAD": rows_ahead},
+        )  # fmt: skip
+        results.append((dx, dw_partial))
+    return results, words
+
+
+@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_ahead", [1, 2])
+@pytest.mark.parametrize("n_cols", [100, 96])
+def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype, rows_ahead, n_cols):
+    """The path a GPU takes when a row's programs all run at once (partials read from the words)
+    and the one it takes when they do not (computed here): the same bits, with the next row's
+    segment loaded ahead or the next two, on rows with a part segment (100 = 3 x 32 + 4) and rows
+    of whole ones (96, where the moments run unmasked).  RMS norm's word holds its segment's
+    (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g,
+    sum((x - mean x) * g)), g = dy * w."""
+    x, grad = (3 + 2 * torch.randn(9, n_cols)).to(dtype), torch.randn(9, n_cols).to(dtype)
+    weight = (1 + 0.5 * torch.randn(n_cols)).to(dtype)
+    ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight, rows_ahead)
+    assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
+    assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
+    assert (words != ops.blocks.held_rows.UNPUBLISHED.value).all()
+    halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)  # little-endian: lower half first
+    n_segments = -(-n_cols // 32)
+    pad = (0, 32 * n_segments - n_cols)
+    x64 = F.pad(x.double(), pad).view(9, n_segments, 32)
+    g64 = F.pad(grad.double() * weight.double(), pad).view(9, n_segments, 32)
+    if op == "rms_norm":
+        torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
+    else:
+        counts = (n_cols - 32 * torch.arange(n_segments, dtype=torch.float64)).clamp(max=32)
+        means_x = x64.sum(-1) / counts
+        centered = torch.where(torch.arange(32) < counts[:, None], x64 - means_x[..., None], 0.0)
+        expected = [means_x, (centered * centered).sum(-1), g64.sum(-1) / counts, (centered * g64).sum(-1)]
+        got = [halves[:, 0::2, 1], halves[:, 0::2, 0], halves[:, 1::2, 1], halves[:, 1::2, 0]]  # segment s: 2s, 2s + 1
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g.double(), e, rtol=1e-2, atol=1e-2)
+    reference = _backward(op, grad.double(), x.double(), weight.double(), None)[0]
+    assert_close(dx_read, reference, dtype)
+
+
+def test_the_held_rows_rule(monkeypatch):
+    """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
+    that takes a row (one warp a program up to 128 segments, then wider programs; layer norm's up to
+    128 segments of 1024, then two sweeps, as for rows of no 16-element multiple) when its segments fit in the grid;
+    float64 and the interpreter keep the two sweeps."""
+    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
+    monkeypatch.setattr(ops.blocks.held_rows, "sm_count", lambda index: 132)
+    ops.runtime.device.resident_programs_per_sm.cache_clear()
+    rms, ln, cuda = ops.norms.engine.RMS_NORM_KERNELS, ops.norms.engine.LAYER_NORM_KERNELS, torch.device("cuda", 0)
+
+    def held(kernels, n_rows, n_cols, widest, device=cuda):
+        return norm_ops._held_plan(kernels, n_rows, n_cols, column_multiple(n_cols), widest, device)
+
+    try:
+        (bf16, bf16_wide), (fp32, fp32_wide) = rms.held_setups[2], rms.held_setups[4]
+        assert (bf16.segment, bf16.max_segments, bf16_wide.segment) == (512, 128, 2048)  # the numbers below follow
+        assert (fp32.segment, fp32.max_segments, fp32_wide.segment) == (512, 128, 1024)
+        # 16-bit: 20 programs an SM (96 registers on 1 warp), 2640: 41 rows of 64 segments at once
+        assert held(rms, 4096, 32768, 2) == (bf16, 512, 64, 41)
+        # 128 segments of 512 the last the one-warp setup takes; past that 2048 columns, 5 an SM
+        assert held(rms, 1024, 65536, 2) == (bf16, 512, 128, 20)
+        assert held(rms, 256, 65536 + 16, 2) == (bf16_wide, 2048, 33, 20)
+        # float32: 16 an SM (128 registers on 1 warp), 2112: 88 rows of 24 segments (the last of 512)
+        assert held(rms, 8192, 12288, 4) == (fp32, 512, 24, 88)
+        assert held(rms, 5, 16384, 4) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
+        # the longest row held: 8 an SM of 2 warps, 1056 segments of 1024; longer: two sweeps
+        assert held(rms, 2, 1056 * 1024, 4) == (fp32_wide, 1024, 1056, 1)
+        assert held(rms, 2, 1056 * 1024 + 1, 4) is None
+        assert held(rms, 4096, 32768, 8) is None  # float64
+        # layer norm: the one-warp setup up to 128 segments, 12 an SM (160 registers), then two sweeps
+        assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 24)
+        # past 128 segments of 512: 1024 columns on two warps, 6 an SM, up to 128 segments; then two sweeps
+        assert held(ln, 256, 65536 + 16, 2) == (ln.held_setups[2][1], 1024, 65, 12)
+        assert held(ln, 512, 131072, 4) == (ln.held_setups[4][1], 1024, 128, 6)
+        assert held(ln, 512, 131072 + 16, 2) is None
+        assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 39)
+        assert held(ln, 2000, 20008, 4) is None  # a row of no 16-element multiple
+        assert held(rms, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
+        assert held(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
+    finally:
+        ops.runtime.device.resident_programs_per_sm.cache_clear()
+
+
+def test_a_held_setup_loads_one_or_two_rows_ahead():
+    with pytest.raises(ValueError, match="rows_ahead is 1 or 2"):
+        norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=3)
+    assert norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=2).rows_ahead == 2
+
+
+def test_held_setups_without_a_held_kernel_are_refused():
+    """An op that names setups for rows held on chip must have the kernel they launch."""
+    kernels = ops.norms.engine.RMS_NORM_KERNELS
+    with pytest.raises(ValueError, match="held_setups name setups for a backward_held kernel, and there is none"):
+        dataclasses.replace(kernels, backward_held=None)
+    assert dataclasses.replace(kernels, backward_held=None, held_setups={}).held_setups == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
+    """Rows held across programs on the GPU: rows not cut evenly by segments and rows of whole ones
+    (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, against
+    float64; and a run in which no program waits (each computes its rows' partials itself) gives the
+    same bits as the run in which they read each other's words, as does a run in which the kernel
+    starts only after its scratch fill ends."""
+    tk_fn, torch_fn = HELD_OPS[op]
+    rms_cases = [(1000, 20001), (40, 70001)]
+    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072)]  # the last two: 1024 columns a program
+    for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
+        x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
+        grad = torch.randn_like(x)
+        weight, bias = params(n_cols, "cuda", dtype)
+        bias = bias if op == "layer_norm" else None
+        launched.clear()
+        grads = _backward(op, grad, x, weight, bias)
+        assert [name for name, _ in launched] == [f"{op}_backward_held_kernel", "column_sum_kernel"]
+        leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
+        torch_fn(*leaves).backward(grad.double())
+        for got, leaf in zip(grads, leaves):
+            assert_close(got, leaf.grad, dtype)
+        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 0)
+        alone = _backward(op, grad, x, weight, bias)
+        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 1 << 16)
+        assert all(torch.equal(a, b) for a, b in zip(alone, grads))
+        monkeypatch.setattr(ops.blocks.held_rows, "OVERLAP_FILL", False)
+        after_fill = _backward(op, grad, x, weight, bias)
+        monkeypatch.setattr(ops.blocks.held_rows, "OVERLAP_FILL", True)
+        assert all(torch.equal(a, b) for a, b in zip(after_fill, grads))
+
+
+@pytest.mark.parametrize("sms", [0, 132])
+@pytest.mark.parametrize("widest", [2, 4, 8])
+def test_the_short_row_backward_tile_rule(widest, sms):
+    """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
+    SM; the 2048-column 16-bit exception takes half that, two an SM.  With fewer tiles than programs
+    the tile is halved, not below 8 KB.  A tile of at most _LOAD_AHEAD_BYTES loads ahead."""
+    for n_rows in [1, 3, 100, 1000, 1 << 20]:
+        for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
+            block_m, block_n, warps, per_sm = norm_ops._backward_tile(n_rows, n_cols, "cuda", widest, sms)
+            assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
+            exception = (widest, block_n) == (2, 2048)
+            tile_bytes = 8192 if exception else 16384
+            assert per_sm == (2 if exception else 1)
+            assert block_m == 1 or block_m * block_n * widest <= tile_bytes
+            assert block_m < 2 * n_rows  # no tile of padding rows only
+            rule = max(1, min(tile_bytes // (block_n * widest), 1 << (n_rows - 1).bit_length()))
+            tiles = -(-n_rows // block_m)
+            if block_m < rule:  # halved: there were fewer tiles than programs, and not below 8 KB
+                assert -(-n_rows // (2 * block_m)) < sms * per_sm and block_m * block_n * widest >= 8192
+            if block_m > 1 and block_m * block_n * widest > 8192:
+                assert tiles >= sms * per_sm  # not halved: enough tiles
+            assert warps == min(max(block_m * block_n * widest // (32 * 32), 1), 32)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 2, 132) == (2, 4096, 16, 1)
+    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 4, 132) == (1, 4096, 16, 1)
+    assert norm_ops._backward_tile(1 << 20, 2048, "cuda", 2, 132) == (2, 2048, 8, 2)
+    assert norm_ops._backward_tile(1 << 20, 8192, "cuda", 4, 132) == (1, 8192, 32, 1)
+    assert norm_ops._backward_tile(1024, 1024, "cuda", 2, 132) == (4, 1024, 8, 1)  # 128 tiles of 8 rows: halved
+    assert norm_ops._backward_tile(1024, 1024, "cuda", 4, 132) == (4, 1024, 16, 1)  # 256 tiles of 4 rows
+
+
+# ------------------------------------------------------------ PyTorch side
+
+
+def opcheck_cases(device):
+    def t(*shape, grad=False, dtype=torch.float32):
+        return torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+
+    return [
+        (torch.ops.tk.rms_norm.default, (t(5, 7, grad=True), t(7, grad=True), 1e-6), {}),
+        (torch.ops.tk.rms_norm.default, (t(2, 3, 8, dtype=torch.bfloat16), None, None), {}),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7), t(7), 1e-6, True), {}),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7), None, None, False), {}),
+        (torch.ops.tk.layer_norm.default, (t(3, 4, 5, grad=True), [4, 5], t(4, 5, grad=True), t(4, 5, grad=True), 1e-5), {}),
+        (torch.ops.tk.layer_norm.default, (t(6, 5, grad=True), [5], None, t(5, grad=True)), {}),
+        (torch.ops.tk.layer_norm_backward.default, (t(3, 4, 5), t(3, 4, 5), [4, 5], t(4, 5), 1e-5, True, True), {}),
+        (torch.ops.tk.layer_norm_backward.default, (t(6, 5), t(6, 5), [5], None, 1e-5, False, True), {}),
+        # a float32 result of a 16-bit x, and its float32 gradient
+        (torch.ops.tk.rms_norm.default, (t(5, 7, grad=True, dtype=torch.bfloat16), t(7, grad=True), 1e-6, torch.float32), {}),
+        (
+            torch.ops.tk.layer_norm.default,
+            (t(3, 4, 5, grad=True, dtype=torch.float16), [4, 5], t(4, 5, grad=True), t(4, 5, grad=True)),
+            {"dtype": torch.float32},
+        ),
+        (torch.ops.tk.rms_norm_backward.default, (t(5, 7), t(5, 7, dtype=torch.bfloat16), t(7), 1e-6, True), {}),
+        (
+            torch.ops.tk.layer_norm_backward.default,
+            (t(6, 5), t(6, 5, dtype=torch.float16), [5], t(5, dtype=torch.float16), 1e-5, True, True),
+            {},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args, kwargs in opcheck_cases(device):
+        torch.library.opcheck(op, args, kwargs)
+
+
+ERROR_CASES = [
+    ("rms int", lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.int64), None, None), TypeError, "x has dtype int64"),
+    ("rms 0-d", lambda: torch.ops.tk.rms_norm(torch.tensor(1.0), None, None), ValueError, "at least one dim"),
+    (
+        "rms weight size",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(5), None),
+        ValueError,
+        r"weight has shape \(5,\), expected \(4,\)",
+    ),
+    (
+        "rms weight rank",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(1, 4), None),
+        ValueError,
+        r"weight has shape \(1, 4\), expected \(4,\)",
+    ),
+    (
+        "rms weight dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(4, dtype=torch.float16), None),
+        TypeError,
+        "x has dtype torch.float32, so weight must have dtype torch.float32, not torch.float16",
+    ),
+    (
+        "rms weight of the other 16-bit dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.float16), None),
+        TypeError,
+        "x has dtype torch.bfloat16, so weight must have dtype torch.bfloat16 or torch.float32, not torch.float16",
+    ),
+    (
+        "rms weight device",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4), torch.ones(4, device="meta"), None),
+        ValueError,
+        "x is on cpu but weight is on meta",
+    ),
+    (
+        "rms_backward shapes",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4), torch.ones(4, 3), None, None, False),
+        ValueError,
+        "grad has shape",
+    ),
+    (
+        "rms_backward weight_grad",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4), torch.ones(3, 4), None, None, True),
+        ValueError,
+        "weight_grad=True needs the weight",
+    ),
+    (
+        "ln bool",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.bool), [4], None, None, 1e-5),
+        TypeError,
+        "x has dtype bool",
+    ),
+    (
+        "ln shape",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [3], None, None, 1e-5),
+        ValueError,
+        r"normalized_shape \[3\] must be the trailing dims of x",
+    ),
+    (
+        "ln shape too long",
+        lambda: torch.ops.tk.layer_norm(torch.ones(4), [1, 4], None, None, 1e-5),
+        ValueError,
+        "must be the trailing dims",
+    ),
+    ("ln no dims", lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [], None, None, 1e-5), ValueError, "at least one dim"),
+    (
+        "ln bias shape",
+        lambda: torch.ops.tk.layer_norm(torch.ones(2, 3, 4), [3, 4], None, torch.ones(12), 1e-5),
+        ValueError,
+        r"bias has shape \(12,\), expected \(3, 4\)",
+    ),
+    (
+        "ln weight dtype",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [4], torch.ones(4, dtype=torch.bfloat16), None, 1e-5),
+        TypeError,
+        "x has dtype torch.float32, so weight must have dtype torch.float32, not torch.bfloat16",
+    ),
+    (
+        "ln weight and bias of two dtypes",
+        lambda: torch.ops.tk.layer_norm(
+            torch.ones(3, 4, dtype=torch.bfloat16), [4], torch.ones(4), torch.ones(4, dtype=torch.bfloat16), 1e-5
+        ),
+        TypeError,
+        "bias has dtype torch.bfloat16 but weight has dtype torch.float32; give them one dtype",
+    ),
+    (
+        "ln float32 bias, no weight, 16-bit x",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4, dtype=torch.float16), [4], None, torch.ones(4), 1e-5),
+        TypeError,
+        "bias has dtype torch.float32 but there is no weight and x has dtype torch.float16",
+    ),
+    (
+        "ln_backward dtypes",
+        lambda: torch.ops.tk.layer_norm_backward(
+            torch.ones(3, 4, dtype=torch.float16), torch.ones(3, 4), [4], None, 1e-5, False, False
+        ),
+        TypeError,
+        "grad has dtype torch.float16 but x has dtype torch.float32",
+    ),
+    (
+        "ln_backward grad wider than a result",
+        lambda: torch.ops.tk.layer_norm_backward(
+            torch.ones(3, 4, dtype=torch.float64), torch.ones(3, 4), [4], None, 1e-5, False, False
+        ),
+        TypeError,
+        "grad has dtype torch.float64 but x has dtype torch.float32; a norm's result has x's dtype, or float32",
+    ),
+    (
+        "rms_backward grad on another device",
+        lambda: torch.ops.tk.rms_norm_backward(torch.ones(3, 4, device="meta"), torch.ones(3, 4), None, None, False),
+        ValueError,
+        "grad is on meta but x is on cpu",
+    ),
+    (
+        "ln dtype narrower than x",
+        lambda: torch.ops.tk.layer_norm(torch.ones(3, 4), [4], None, None, 1e-5, torch.bfloat16),
+        TypeError,
+        "dtype torch.bfloat16 is not supported for x of dtype torch.float32; a norm's result has x's dtype, or float32",
+    ),
+    (
+        "rms dtype float64 of a 16-bit x",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.float16), None, None, torch.float64),
+        TypeError,
+        "dtype torch.float64 is not supported for x of dtype torch.float16",
+    ),
+    (
+        "rms integer dtype",
+        lambda: torch.ops.tk.rms_norm(torch.ones(3, 4, dtype=torch.float16), None, None, torch.int32),
+        TypeError,
+        "dtype torch.int32 is not supported for x of dtype torch.float16",
+    ),
+    (
+        "ln_backward weight_grad",
+        lambda: torch.ops.tk.layer_norm_backward(torch.ones(3, 4), torch.ones(3, 4), [4], None, 1e-5, True, False),
+        ValueError,
+        "weight_grad=True needs the weight",
+    ),
+]
+
+
+@error_cases(ERROR_CASES)
+def test_bad_input_raises_a_clear_error(case):
+    assert_raises_clearly(case)
+
+
+@pytest.mark.gpu
+def test_device_mismatch_on_cuda():
+    with pytest.raises(ValueError, match="x is on cuda:0 but weight is on cpu"):
+        torch.ops.tk.rms_norm(torch.ones(3, 4, device="cuda"), torch.ones(4), None)
+    with pytest.raises(ValueError, match="x is on cuda:0 but bias is on cpu"):
+        torch.ops.tk.layer_norm(torch.ones(3, 4, device="cuda"), [4], None, torch.ones(4), 1e-5)
+
+
+class TinyBlock(torch.nn.Module):
+    """A pre-norm residual block: layer norm, a projection, RMS norm."""
+
+    def __init__(self, dim=24, tk=True):
+        super().__init__()
+        self.tk = tk
+        self.ln_weight = torch.nn.Parameter(1 + 0.1 * torch.randn(dim))
+        self.ln_bias = torch.nn.Parameter(0.1 * torch.randn(dim))
+        self.proj = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+        self.rms_weight = torch.nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        n = x.shape[-1]
+        if self.tk:
+            h = torch.ops.tk.layer_norm(x, [n], self.ln_weight, self.ln_bias, 1e-5)
+            return torch.ops.tk.rms_norm(x + h @ self.proj, self.rms_weight, 1e-6)
+        h = F.layer_norm(x, (n,), self.ln_weight, self.ln_bias, 1e-5)
+        return F.rms_norm(x + h @ self.proj, (n,), self.rms_weight, 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_block_matches_eager_and_pytorch(device):
+    torch._dynamo.reset()
+    model = TinyBlock().to(device)
+    reference = TinyBlock(tk=False).to(device)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 19, 24, device=device)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: any graph break is an error
+
+    eager_out = model(x)
+    compiled_out = compiled(x)
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(eager_out, reference(x), rtol=1e-4, atol=1e-5)
+
+    target = torch.randn_like(eager_out)
+    (compiled_out * target).sum().backward()
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    (reference(x) * target).sum().backward()
+    for got, want in zip(compiled_grads, [p.grad for p in reference.parameters()]):
+        assert_close(got, want.double(), torch.float32, scale=10)
+
+
+def test_compiled_with_dynamic_shapes():
+    """dynamic=True: sizes are symbolic while tracing; the launch rules turn them into plain ints."""
+    torch._dynamo.reset()
+    model = TinyBlock()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for batch in [3, 5, 40]:
+        x = torch.randn(batch, 7, 24)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_cpu_graph_calls_the_interpreted_ops():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(TinyBlock(), fullgraph=True), torch.randn(5, 24))
+    source = "\n".join(code)
+    for op in ["tk.layer_norm_cpu", "tk.rms_norm_cpu"]:
+        assert op in source, f"{op} missing from the compiled code"
+
+
+@pytest.mark.gpu
+def test_compiled_cuda_graph_contains_the_hand_written_kernels():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(TinyBlock().cuda(), fullgraph=True), torch.randn(64, 24, device="cuda"))
+    source = "\n".join(code)
+    for kernel in ["layer_norm_forward_kernel", "rms_norm_forward_kernel"]:
+        assert kernel in source, f"{kernel} missing from Inductor's output code"
+    assert "tk.rms_norm_cpu" not in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16384, 4096), (2048, 32768)])  # both backward designs
+def test_weight_gradients_are_deterministic(shape):
+    """No atomics in the dw/db reduction: the same bits on every run."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    weight, bias = params(shape[-1], "cuda", torch.bfloat16)
+    grad = torch.randn_like(x)
+    runs = [
+        torch.ops.tk.layer_norm_backward(grad, x, [shape[-1]], weight, 1e-5, True, True) for _ in range(3)
+    ] + [torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True) for _ in range(3)]
+    for first, again in [(runs[0], runs[1]), (runs[0], runs[2]), (runs[3], runs[4]), (runs[3], runs[5])]:
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_every_norm_has_a_spec_the_harness_can_run():
+    for name, n_params in [("rms_norm", 1), ("layer_norm", 2)]:
+        spec = ops.get_spec(name)
+        assert set(spec.tolerance) >= set(spec.dtypes)
+        assert spec.shapes["cpu"] and spec.shapes["cuda"]
+        for dtype in [torch.float32, torch.bfloat16]:
+            inputs = spec.make_inputs((6, 40), dtype, torch.device("cpu"))
+            assert len(inputs) == 1 + n_params
+            y = spec.tk(*inputs)
+            moved = sum(t.numel() * t.element_size() for t in (*inputs, y))  # each read or written once
+            assert spec.bytes_moved((6, 40), dtype) == moved
+            assert_close(y, spec.reference(*[t.double() for t in inputs]), dtype)
+
+
+def test_the_held_norm_kernels_wait_for_their_fill():
+    """Built for sm_90 (no GPU needed): the norms' held backwards wait for their scratch fill after
+    their first loads and before their first publish, as the softmax kernels do (the fill itself:
+    tests/blocks/test_held_rows.py)."""
+    from triton.compiler import ASTSource
+
+    from ops.norms.engine import LAYER_NORM_KERNELS
+    from ops.norms.engine import RMS_NORM_KERNELS
+
+    for overlapped in (False, True):
+        for kernels in (RMS_NORM_KERNELS, LAYER_NORM_KERNELS):
+            setup = kernels.held_setups[2][0]
+            kernel = kernels.backward_held
+            signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+            signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
+            constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=True, SEGMENT=setup.segment,
+                             SEGMENTS_BLOCK=held_rows.words_block(setup.warps, 8), COL_MULTIPLE=16, OVERLAPPED=overlapped,
+                             ROWS_AHEAD=setup.rows_ahead)  # fmt: skip
+            signature.update({name: "constexpr" for name in constants})
+            ptx = build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
+            assert_publishes_without_release(ptx)
+            assert_waits_for_the_fill_before_the_scratch(ptx, overlapped)

@@ -1,0 +1,33 @@
+"""Checks on the PTX of kernels built for sm_90 (no GPU needed), shared by the held-rows tests."""
+
+import re
+
+
+def build_for_hopper(source, setup):
+    """`source` (an ASTSource or GluonASTSource) compiled for sm_90 with `setup`'s warps and register cap."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    options = {"num_warps": setup.warps, "maxnreg": setup.registers}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def assert_waits_for_the_fill_before_the_scratch(ptx, overlapped, first_load="ld.global"):
+    """Launched to overlap its scratch fill (OVERLAPPED), a kernel waits for the fill once,
+    after it has issued its first loads of the row and before its first publish; otherwise
+    it has no wait at all."""
+    waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", ptx)]
+    if not overlapped:
+        assert waits == []
+        return
+    assert len(waits) == 1, waits
+    assert ptx.index(first_load) < waits[0] < ptx.index("atom.global")
+
+
+def assert_publishes_without_release(ptx):
+    """A partial goes out as one relaxed 64-bit exchange and comes in by volatile loads;
+    nothing in the kernel waits for its earlier stores (a release, a fence)."""
+    atomics = set(re.findall(r"atom\.[\w.]+", ptx))
+    assert atomics == {"atom.global.gpu.relaxed.exch.b64"}, atomics
+    assert "ld.volatile.global.b64" in ptx
+    assert not re.search(r"\bfence\.|\.release\b|\.acq_rel\b|membar", ptx)
