@@ -24,6 +24,8 @@ before any launch, so that a CUDA compile after a CPU call still works.
 import contextlib
 import threading
 
+import numpy as np
+
 import triton.compiler.code_generator  # noqa: F401  (imported before any patching: see the docstring)
 from triton.language import core as tl_core
 from triton.runtime import interpreter
@@ -89,6 +91,53 @@ if _patch_lang_tensor is not None:
         scope.set_attr(tensor, "__index__", _index)
 
     interpreter._patch_lang_tensor = _patch_lang_tensor_with_index
+
+
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """The bfloat16 nearest each of `values` (ties to even, as the GPU's cvt.rn.bf16), as uint16 bits.
+
+    float32 input: round the bits at bit 16 (NaN kept quiet).  float64 input is rounded
+    once, to 8 significant bits in float64 (every result is then a float32, exactly),
+    not through float32, which would round twice."""
+    if values.dtype == np.float64:
+        with np.errstate(over="ignore", invalid="ignore"):
+            mantissa, exponent = np.frexp(values)
+            # below 2**-126 bfloat16 is subnormal: a fixed quantum of 2**-133
+            exponent = np.maximum(exponent, -125)
+            rounded = np.ldexp(np.rint(np.ldexp(values, 8 - exponent)), exponent - 8)
+            values = rounded.astype(np.float32)  # exact, or inf past bfloat16's range
+    bits = values.astype(np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded).astype(np.uint16)
+
+
+def bfloat16_values(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) as the float32 values they are, exactly."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+_cast_impl = getattr(getattr(interpreter, "InterpreterBuilder", None), "cast_impl", None)
+if _cast_impl is not None:
+
+    def _cast_bfloat16(self, src, dst_type):
+        """Casts to and from bfloat16 done right; every other cast as the interpreter does it.
+
+        numpy has no bfloat16: the interpreter keeps it as uint16 bits, converts them to
+        and from float32 by truncating the mantissa (65504.0 became 65280, where the GPU
+        rounds to the nearest, 65536), and any other pair (float64, float16, integers)
+        with numpy's astype of the bits: float64 3.0 became the bfloat16 of bits 3 (about
+        3e-40) and a bfloat16 read as float64 its bits as a number (Triton 3.6 to 3.9)."""
+        src_type, dst_scalar = src.dtype.scalar, dst_type.scalar
+        if dst_scalar == tl_core.bfloat16 and src_type != tl_core.bfloat16:
+            values = src.data if src.data.dtype == np.float64 else src.data.astype(np.float32)
+            return interpreter.TensorHandle(bfloat16_bits(values), dst_scalar)
+        if src_type == tl_core.bfloat16 and dst_scalar != tl_core.bfloat16:
+            values = bfloat16_values(src.data)
+            return interpreter.TensorHandle(values.astype(interpreter._get_np_dtype(dst_type)), dst_scalar)
+        return _cast_impl(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = _cast_bfloat16
 
 
 class InterpretedKernel:

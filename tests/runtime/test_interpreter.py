@@ -62,3 +62,81 @@ def test_a_cuda_compile_after_cpu_launches_in_a_fresh_process():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "front end built" in done.stdout
+
+
+# ---------------------------------------------------------------------------
+# Casts to and from bfloat16 in the interpreter (ops/runtime/interpreter.py).
+# ---------------------------------------------------------------------------
+
+
+def _cast_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask).to(y_ptr.dtype.element_ty), mask=mask)
+
+    return cast_kernel
+
+
+def test_bfloat16_rounding_is_pytorchs_bit_for_bit():
+    """Round to the nearest, ties to even, as the GPU and PyTorch do, from float32 and from float64
+    (once, not through float32), subnormals, the edge of the range and the specials included."""
+    import numpy as np
+    import torch
+
+    from ops.runtime.interpreter import bfloat16_bits, bfloat16_values
+
+    rng = np.random.default_rng(0)
+    edges = [0.0, -0.0, np.inf, -np.inf, 3.3895313892515355e38, 3.39e38, 9.2e-41, 2.0**-133, 2.0**-134, 3 * 2.0**-135]
+    for dtype in (np.float32, np.float64):
+        x = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-45, 39, 20000), edges]).astype(dtype)
+        expected = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        assert np.array_equal(bfloat16_bits(x), expected), dtype
+        assert np.isnan(bfloat16_values(bfloat16_bits(np.array([np.nan], dtype)))).all()
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    values = bfloat16_values(bits)
+    expected = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).float().numpy()
+    assert np.array_equal(values, expected, equal_nan=True)
+
+
+def test_casts_to_and_from_bfloat16_keep_the_value_on_the_cpu():
+    """The interpreter keeps bfloat16 as its bits, truncated float32 to it (65504 became 65280, the
+    GPU gives 65536), and converted every other pair with numpy's astype of the bits: float64 3.0
+    came out as the bfloat16 of bits 3 (about 3e-40)."""
+    import torch
+
+    from ops.runtime import launcher
+
+    kernel = _cast_kernel()
+    values = torch.tensor([3.0, -0.15625, 1e-3, 65504.0, -2.5e8, 0.0, 1.0 + 3 * 2**-9], dtype=torch.float64)
+    for src, dst in [(torch.float64, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                     (torch.bfloat16, torch.float64), (torch.float16, torch.bfloat16),
+                     (torch.bfloat16, torch.float16), (torch.int32, torch.bfloat16), (torch.bfloat16, torch.int32)]:  # fmt: skip
+        x = values.to(src)
+        y = torch.empty(len(values), dtype=dst)
+        launcher(kernel, x)[(1,)](x, y, len(values), BLOCK=8)
+        assert torch.equal(y, x.to(dst)), (src, dst, y, x.to(dst))
+
+
+def test_ops_that_cast_float64_to_bfloat16_inside_a_kernel_are_right_on_the_cpu():
+    """The two calls that returned wrong answers through that cast: softmax's backward of a bfloat16 x
+    softmaxed in float64 (dx came back 0), and the loss of float64 logits asked for in bfloat16 (~1e-40)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(4, 37, dtype=torch.bfloat16, requires_grad=True)
+    y = torch.ops.tk.softmax(x, -1, torch.float64)
+    grad = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, grad)
+    y64 = torch.softmax(x.detach().double(), -1)
+    expected = y64 * (grad - (grad * y64).sum(-1, keepdim=True))
+    assert dx.dtype == torch.bfloat16 and ((dx.double() - expected).norm() / expected.norm()) < 1e-2
+
+    logits, target = torch.randn(8, 11, dtype=torch.float64), torch.randint(0, 11, (8,))
+    loss = torch.ops.tk.cross_entropy(logits, target, dtype=torch.bfloat16)
+    expected = F.cross_entropy(logits, target)
+    assert loss.dtype == torch.bfloat16 and abs(loss.double() - expected) <= 2**-8 * expected
