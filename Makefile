@@ -4,20 +4,45 @@
 # On a machine that already has torch and triton (a GPU box, no network):
 #   make test USE_SYSTEM=1      # runs with the system python, installs nothing
 
-PYTHON     ?= python3
-VENV       ?= .venv
-TORCH_SPEC ?= torch==2.13.0
-USE_SYSTEM ?= 0
-OP         ?= gelu
-OUT        ?= logs
-DTYPES     ?=
-SHAPES     ?=
-VARIANTS   ?=
-QUICK      ?= 0
+PYTHON       ?= python3
+VENV         ?= .venv
+TORCH_SPEC   ?= torch==2.13.0
+TORCH_INDEX  ?=
+USE_SYSTEM   ?= 0
+OP           ?= gelu
+OUT          ?= logs
+DTYPES       ?=
+SHAPES       ?=
+VARIANTS     ?=
+QUICK        ?= 0
 MAX_AUTOTUNE ?= 0
-ARGS       ?=
+DEVICE       ?=
+RUNS         ?=
+ARGS         ?=
 
-ifeq ($(USE_SYSTEM),1)
+# ---------------------------------------------------------------------------
+# Settings given on the command line are checked before anything runs: a
+# misspelled one (op=softmax, DTYPE=bf16) would otherwise be ignored, and the
+# default sweep would run instead of the one asked for.
+# ---------------------------------------------------------------------------
+
+SETTINGS := PYTHON VENV TORCH_SPEC TORCH_INDEX USE_SYSTEM OP OUT DTYPES SHAPES VARIANTS QUICK MAX_AUTOTUNE \
+            DEVICE RUNS ARGS
+given    := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+unknown  := $(filter-out $(SETTINGS) MAKEFLAGS MAKEOVERRIDES MFLAGS -%,$(given))
+upper     = $(shell echo '$(1)' | tr a-z A-Z)
+hint      = $(or $(filter $(call upper,$(1)) $(call upper,$(1))S,$(SETTINGS)),one of the settings below)
+ifneq ($(unknown),)
+$(error unknown setting $(firstword $(unknown))=$($(firstword $(unknown))): did you mean $(call hint,$(firstword $(unknown)))? \
+Settings: $(SETTINGS) (see make help))
+endif
+
+# QUICK=1, true, yes, on are the same; 0, false, no, off or empty turn it off.
+truth     = $(if $(filter 1 true yes on TRUE YES ON True Yes On,$($(1))),1,$(if $(filter-out 0 false no off FALSE NO OFF False No Off,$($(1))),bad,))
+$(foreach v,QUICK MAX_AUTOTUNE USE_SYSTEM,$(if $(filter bad,$(call truth,$(v))),\
+  $(error $(v)=$($(v)) is not a yes or a no: use $(v)=1 or $(v)=0)))
+
+ifeq ($(call truth,USE_SYSTEM),1)
 PY    := PYTHONPATH=$(CURDIR) $(PYTHON)
 SETUP := check-system
 else
@@ -25,10 +50,17 @@ PY    := $(VENV)/bin/python
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: help test test-gpu compare bench clean clean-logs check-system
+COMPARE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) \
+  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(call truth,QUICK),--quick) \
+  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(ARGS)
 
-help:  ## list the targets
+.PHONY: help test test-gpu compare bench overhead summary clean clean-logs check-system
+
+help:  ## list the targets and settings
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+	@echo
+	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 OUT (compare, bench), DEVICE (overhead),"
+	@echo "          RUNS (summary), ARGS (passed on as they are), USE_SYSTEM=1, TORCH_SPEC, TORCH_INDEX, PYTHON"
 
 test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest -q $(ARGS)
@@ -37,13 +69,19 @@ test-gpu: $(SETUP)  ## run only the GPU tests (pytest -m gpu)
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
 compare: $(SETUP)  ## compare every variant of OP (OP=all; DTYPES, SHAPES, VARIANTS, QUICK=1, MAX_AUTOTUNE=1, OUT)
-	$(PY) -m compare --op $(OP) --out $(OUT) \
-	  $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) \
-	  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(filter 1,$(QUICK)),--quick) \
-	  $(if $(filter 1,$(MAX_AUTOTUNE)),--max-autotune) $(ARGS)
+	@echo "python -m compare $(strip $(COMPARE_FLAGS))"
+	@$(PY) -m compare $(COMPARE_FLAGS)
 
 bench: $(SETUP)  ## the full sweep of every op (on a GPU: the default GPU sweep)
-	$(PY) -m compare --op all --out $(OUT) $(ARGS)
+	@echo "python -m compare --op all --out $(OUT) $(ARGS)"
+	@$(PY) -m compare --op all --out $(OUT) $(ARGS)
+
+overhead: $(SETUP)  ## host time per call of tiny tk ops against eager (OP, DTYPES, DEVICE=cpu|cuda)
+	@$(PY) -m compare.overhead --op $(OP) $(if $(DTYPES),--dtype $(DTYPES)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)
+
+summary: $(SETUP)  ## one page over several runs: RUNS="logs/runs/A logs/runs/B" (OUT=file.md to write it)
+	@$(if $(RUNS),,echo "make summary needs RUNS=\"<run folder> ...\" (folders under $(OUT)/runs)"; exit 2;)
+	@$(PY) -m compare.summary $(RUNS) $(if $(filter-out logs,$(OUT)),--out $(OUT)) $(ARGS)
 
 clean-logs:  ## remove every harness run and the logs/<op> pointers (keeps logs/README.md, logs/examples)
 	rm -rf $(OUT)/runs
@@ -53,11 +91,16 @@ clean:  ## remove the virtual environment
 	rm -rf $(VENV)
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/python -m pip install -q -e ".[test]"
-	touch $@
+	@echo "Setting up $(VENV) (once; later runs reuse it)"
+	@echo "[1/3] creating the virtual environment with $(PYTHON)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -m pip install -q --upgrade pip
+	@echo "[2/3] installing $(TORCH_SPEC)$(if $(TORCH_INDEX), from $(TORCH_INDEX)) (a CPU build is about 200 MB, a CUDA build several GB)"
+	@$(VENV)/bin/python -m pip install --progress-bar on "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	@echo "[3/3] installing tk and its test tools (triton, numpy, tabulate, matplotlib, ninja, pytest, hypothesis)"
+	@$(VENV)/bin/python -m pip install --progress-bar on -e ".[test]"
+	@touch $@
+	@echo "$(VENV) is ready"
 
 check-system:
 	@$(PYTHON) -c "import torch, triton, tabulate, matplotlib, pytest" || \
