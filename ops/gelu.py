@@ -15,7 +15,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .blocks.elementwise import elementwise_config, elementwise_grid, many_inputs_per_thread, walk_in_one_order
+from .blocks.elementwise import (
+    block_offsets,
+    elementwise_config,
+    elementwise_grid,
+    in_whole_block,
+    many_inputs_per_thread,
+    walk_in_one_order,
+    whole_blocks_end,
+)
 from .blocks.fastmath import LOG2E
 from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
 from .spec import ELEMENTWISE_SHAPES, ROUNDING_TOLERANCE, OpSpec, describe_numel, register_spec
@@ -57,11 +65,7 @@ def _normal_cdf_16bit(x):
 
 
 @triton.jit
-def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    # int64 before the multiply: pid * BLOCK_SIZE passes 2**31 on tensors of 2**31+ elements.
-    start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
-    offsets = start + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements  # the last block hangs past the end
+def _forward_block(x_ptr, y_ptr, offsets, mask, APPROXIMATE_TANH: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=mask)
     if x.dtype != tl.float64:  # resolved at compile time: half and float32 inputs compute in float32
         x = x.to(tl.float32)
@@ -78,12 +82,17 @@ def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr
 
 
 @triton.jit
-def gelu_backward_kernel(
-    grad_ptr, x_ptr, dx_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
-):
-    start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
-    offsets = start + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
+def gelu_forward_kernel(x_ptr, y_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    offsets = block_offsets(BLOCK_SIZE)
+    # Whole blocks apart from the tail, so that any n gets 16-byte accesses (ops/blocks/elementwise.py).
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        _forward_block(x_ptr, y_ptr, offsets, offsets < whole_blocks_end(n_elements, BLOCK_SIZE), APPROXIMATE_TANH)
+    else:  # the last block hangs past the end
+        _forward_block(x_ptr, y_ptr, offsets, offsets < n_elements, APPROXIMATE_TANH)
+
+
+@triton.jit
+def _backward_block(grad_ptr, x_ptr, dx_ptr, offsets, mask, APPROXIMATE_TANH: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=mask)
     grad = tl.load(grad_ptr + offsets, mask=mask)
     if x.dtype != tl.float64:
@@ -105,6 +114,18 @@ def gelu_backward_kernel(
         pdf = INV_SQRT_2PI * tl.exp2(-0.5 * x * x * LOG2E + 64.0) * TWO_TO_MINUS_64
         dy_dx = cdf + x * pdf
     tl.store(dx_ptr + offsets, (grad * dy_dx).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gelu_backward_kernel(
+    grad_ptr, x_ptr, dx_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):  # see gelu_forward_kernel
+        whole = offsets < whole_blocks_end(n_elements, BLOCK_SIZE)
+        _backward_block(grad_ptr, x_ptr, dx_ptr, offsets, whole, APPROXIMATE_TANH)
+    else:
+        _backward_block(grad_ptr, x_ptr, dx_ptr, offsets, offsets < n_elements, APPROXIMATE_TANH)
 
 
 def _check_approximate(approximate: str) -> bool:

@@ -34,11 +34,14 @@ import triton
 import triton.language as tl
 
 from .blocks.elementwise import (
+    block_offsets,
     elementwise_config,
     elementwise_grid,
+    in_whole_block,
     many_inputs_per_thread,
     to_compute_dtype,
     walk_in_one_order,
+    whole_blocks_end,
 )
 from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
 from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
@@ -103,26 +106,28 @@ def _gelu(x, APPROXIMATE_TANH: tl.constexpr):
 # --------------------------------------------------------------------------
 
 
-@triton.jit
-def _block(n_elements, BLOCK_SIZE: tl.constexpr):
-    """This program's int64 offsets, and the mask of those inside the tensors."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    return offsets, offsets < n_elements
+# Each kernel runs its body on whole blocks apart from the tail, so that a
+# length of no 16-element multiple still gets 16-byte accesses (ops/blocks/elementwise.py).
 
 
 @triton.jit
-def swiglu_forward_kernel(gate_ptr, up_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets, mask = _block(n_elements, BLOCK_SIZE)
+def _swiglu_block(gate_ptr, up_ptr, out_ptr, offsets, mask):
     gate = to_compute_dtype(tl.load(gate_ptr + offsets, mask=mask))
     up = to_compute_dtype(tl.load(up_ptr + offsets, mask=mask))
     tl.store(out_ptr + offsets, (_silu(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def swiglu_backward_kernel(
-    grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, n_elements, BLOCK_SIZE: tl.constexpr
-):
-    offsets, mask = _block(n_elements, BLOCK_SIZE)
+def swiglu_forward_kernel(gate_ptr, up_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        _swiglu_block(gate_ptr, up_ptr, out_ptr, offsets, offsets < whole_blocks_end(n_elements, BLOCK_SIZE))
+    else:
+        _swiglu_block(gate_ptr, up_ptr, out_ptr, offsets, offsets < n_elements)
+
+
+@triton.jit
+def _swiglu_backward_block(grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, mask):
     grad = to_compute_dtype(tl.load(grad_ptr + offsets, mask=mask))
     gate = to_compute_dtype(tl.load(gate_ptr + offsets, mask=mask))
     up = to_compute_dtype(tl.load(up_ptr + offsets, mask=mask))
@@ -132,24 +137,57 @@ def swiglu_backward_kernel(
 
 
 @triton.jit
-def geglu_forward_kernel(gate_ptr, up_ptr, out_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    offsets, mask = _block(n_elements, BLOCK_SIZE)
+def swiglu_backward_kernel(
+    grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, n_elements, BLOCK_SIZE: tl.constexpr
+):
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        whole = offsets < whole_blocks_end(n_elements, BLOCK_SIZE)
+        _swiglu_backward_block(grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, whole)
+    else:
+        _swiglu_backward_block(grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, offsets < n_elements)
+
+
+@triton.jit
+def _geglu_block(gate_ptr, up_ptr, out_ptr, offsets, mask, APPROXIMATE_TANH: tl.constexpr):
     gate = to_compute_dtype(tl.load(gate_ptr + offsets, mask=mask))
     up = to_compute_dtype(tl.load(up_ptr + offsets, mask=mask))
     tl.store(out_ptr + offsets, (_gelu(gate, APPROXIMATE_TANH) * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def geglu_backward_kernel(
-    grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
+def geglu_forward_kernel(gate_ptr, up_ptr, out_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        whole = offsets < whole_blocks_end(n_elements, BLOCK_SIZE)
+        _geglu_block(gate_ptr, up_ptr, out_ptr, offsets, whole, APPROXIMATE_TANH)
+    else:
+        _geglu_block(gate_ptr, up_ptr, out_ptr, offsets, offsets < n_elements, APPROXIMATE_TANH)
+
+
+@triton.jit
+def _geglu_backward_block(
+    grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, mask, APPROXIMATE_TANH: tl.constexpr
 ):
-    offsets, mask = _block(n_elements, BLOCK_SIZE)
     grad = to_compute_dtype(tl.load(grad_ptr + offsets, mask=mask))
     gate = to_compute_dtype(tl.load(gate_ptr + offsets, mask=mask))
     up = to_compute_dtype(tl.load(up_ptr + offsets, mask=mask))
     act, d_act = _gelu_and_derivative(gate, APPROXIMATE_TANH)
     tl.store(d_gate_ptr + offsets, (grad * up * d_act).to(d_gate_ptr.dtype.element_ty), mask=mask)
     tl.store(d_up_ptr + offsets, (grad * act).to(d_up_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def geglu_backward_kernel(
+    grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, n_elements, APPROXIMATE_TANH: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        whole = offsets < whole_blocks_end(n_elements, BLOCK_SIZE)
+        _geglu_backward_block(grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, whole, APPROXIMATE_TANH)
+    else:
+        tail = offsets < n_elements
+        _geglu_backward_block(grad_ptr, gate_ptr, up_ptr, d_gate_ptr, d_up_ptr, offsets, tail, APPROXIMATE_TANH)
 
 
 # --------------------------------------------------------------------------
