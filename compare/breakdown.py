@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from .formats import fmt_time
+from .record import groups
+
 MIN_KERNELS = 8  # a (dtype, shape) gets a breakdown when some variant launches more than this per call
 TOP = 10  # kernels listed per variant; the rest are summed into one line
 NAME_WIDTH = 72  # cuBLAS and CUTLASS kernel names run to hundreds of characters
@@ -55,8 +58,6 @@ def variant_rows(record: dict, top: int = TOP) -> list[list[str]]:
 
 def busy_line(record: dict) -> str:
     """The kernels' summed time against the variant's median: what is left is launch gaps and host time."""
-    from .report import fmt_time
-
     total_us = sum((record.get("kernel_us") or {}).values())
     text = f"{fmt_time(total_us / 1e3)} in {record.get('kernels')} {record.get('kernel_unit') or 'kernels'} per call"
     if record.get("median_ms"):
@@ -68,8 +69,6 @@ def busy_line(record: dict) -> str:
 
 def markdown_section(doc: dict) -> list[str]:
     """Lines of the report's "Per-kernel breakdown" section; none when no group needs one."""
-    from .report import groups
-
     gpu = doc["settings"]["device"] == "cuda"
     out = []
     for dtype, label, records in groups(doc["records"]):

@@ -35,7 +35,6 @@ def copy_bandwidth(device: torch.device, rep_ms: float) -> dict:
     dst = torch.empty_like(src)
     dst.copy_(src)
     ms = _median(timing.bench(lambda: dst.copy_(src), (), device, rep_ms))
-    del src, dst
     return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "bytes": nbytes, "ms": ms}
 
 

@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .record import RECORD_FIELDS  # noqa: E402
+
 # One colour and marker per variant kind, so that a reader finds tk at a glance.
 _STYLE = {
     "eager": ("tab:blue", "o", "-"),
@@ -37,7 +39,8 @@ def _x_axis(recs: list[dict], size_key: str) -> tuple[dict, bool]:
 
 def throughput(doc: dict, path: Path) -> Path:
     compute = doc["bound"] == "compute"
-    metric, unit = ("tflops", "TFLOP/s") if compute else ("gbps", "GB/s")
+    metric = "tflops" if compute else "gbps"
+    unit = RECORD_FIELDS[metric].unit
     size_key = "flops" if compute else "bytes"
     dtypes = list(dict.fromkeys(r["dtype"] for r in doc["records"]))
     fig, axes = plt.subplots(1, max(len(dtypes), 1), figsize=(8.6 * max(len(dtypes), 1), 4.6), squeeze=False)

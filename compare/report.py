@@ -10,65 +10,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import breakdown, schema
+from . import breakdown
+from .formats import device_label, fmt_bytes
+from .record import RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, groups, titles
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
-
-
-# --------------------------------------------------------------------------
-# Numbers as people read them.
-# --------------------------------------------------------------------------
-
-
-def fmt_time(ms: float | None) -> str:
-    if ms is None:
-        return ""
-    if ms < 1:
-        return f"{ms * 1e3:.1f} µs" if ms < 0.1 else f"{ms * 1e3:.0f} µs"
-    if ms < 1000:
-        return f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
-    return f"{ms / 1e3:.2f} s"
-
-
-def _num(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return ""
-    if x == 0 or abs(x) >= 10 ** (digits - 1):
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
-
-
-def ratio(x: float | None) -> str:
-    return "" if x is None else f"{x:.2f}x"
-
-
-def share(x: float | None) -> str:
-    return "" if x is None else f"{100 * x:.0f}%"
-
-
-def _err(x: float | None) -> str:
-    if x is None:
-        return ""
-    return "inf" if math.isinf(x) else f"{x:.1e}"
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
-
-
-def device_label(environment: dict) -> str:
-    """The device a report ran on, as its pages name it."""
-    return environment.get("gpu") or f"CPU ({environment.get('cpu')})"
-
-
-def _status(r: dict) -> str:
-    s = {"ok": "ok", "wrong": "WRONG", "failed": "FAILED", "skipped": "skipped"}[r["status"]]
-    if r["interpreted"] and r["status"] in ("ok", "wrong"):
-        s += ", interpreted"
-    return s
 
 
 # --------------------------------------------------------------------------
@@ -76,51 +22,14 @@ def _status(r: dict) -> str:
 # --------------------------------------------------------------------------
 
 
-def groups(records: list[dict]) -> list[tuple[str, str, list[dict]]]:
-    """(dtype, shape label, records) in sweep order; skipped peers are left out."""
-    out: dict[tuple, list[dict]] = {}
-    for r in records:
-        if r["status"] == "skipped":
-            continue
-        out.setdefault((r["dtype"], r["shape_label"]), []).append(r)
-    return [(d, s, rs) for (d, s), rs in out.items()]
-
-
 def table_rows(records: list[dict], bound: str) -> tuple[list[str], list[list[str]]]:
-    show_graph = any(r["cudagraph_ms"] is not None for r in records)
-    eager_graph = next((r["cudagraph_ms"] for r in records if r["variant"] == "eager" and r["status"] == "ok"), None)
-    headers = ["variant", "status", "median", "p20-p80", "first call"]
-    if show_graph:
-        headers.append("CUDA graph (vs eager)")
-    headers += ["GB/s", "TFLOP/s", "% of " + ("matmul" if bound == "compute" else "copy"), "vs eager", "vs compile"]
-    headers += [records[0]["kernel_unit"] or "kernels" if records else "kernels", "rel. error", "note"]
-    rows = []
-    for r in records:
-        flag = " (!)" if r["status"] == "wrong" else ""
-        median = fmt_time(r["median_ms"]) + flag if r["median_ms"] is not None else ""
-        spread = f"{fmt_time(r['p20_ms'])} - {fmt_time(r['p80_ms'])}" if r["p20_ms"] is not None else ""
-        row = [r["variant"] + (" *" if r["best"] else ""), _status(r), median, spread, fmt_time(r["first_call_ms"])]
-        if show_graph:
-            row.append(_graph_time(r, eager_graph))
-        note = (r["error"] or "").splitlines()[0][:90] if r["status"] != "ok" else (r["error"] or "")[:90]
-        row += [_num(r["gbps"]), _num(r["tflops"]), share(r["limit_share"]), ratio(r["speedup_vs_eager"])]
-        row += [ratio(r["speedup_vs_compile"]), "" if r["kernels"] is None else str(r["kernels"]), _err(r["rel_error"]), note]
-        rows.append(row)
-    return headers, rows
-
-
-def _graph_time(r: dict, eager_graph: float | None) -> str:
-    """The CUDA-graph time and, where eager has one, eager's over it: the device-side speed-up of a small call,
-    which the host-bound median hides."""
-    if r["cudagraph_ms"] is None:
-        return ""
-    if eager_graph is None or r["status"] not in ("ok", "wrong"):
-        return fmt_time(r["cudagraph_ms"])
-    return f"{fmt_time(r['cudagraph_ms'])} ({ratio(eager_graph / r['cudagraph_ms'])})"
+    """The results table of one (dtype, shape): the titles, and a row per variant (see record.py)."""
+    view = TableView.of(records, bound)
+    return titles(RESULTS, view), [cells(RESULTS, r, view) for r in records]
 
 
 def group_title(op: str, dtype: str, label: str, records: list[dict]) -> str:
-    return f"{op} | {dtype} | {label} | {_bytes(records[0]['bytes'])} moved, {records[0]['flops']:,} FLOP"
+    return f"{op} | {dtype} | {label} | {fmt_bytes(records[0]['bytes'])} moved, {records[0]['flops']:,} FLOP"
 
 
 def terminal_tables(doc: dict) -> str:
@@ -178,29 +87,14 @@ def write_json(doc: dict, folder: Path) -> Path:
     return path
 
 
-def csv_value(name: str, value) -> str:
-    if value is None:
-        return ""
-    if name == "shape":
-        return "x".join(str(v) for v in value)
-    if name == "kernel_names":
-        return ";".join(value)
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
 def write_csv(doc: dict, folder: Path) -> Path:
     path = folder / CSV_NAME
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        fields = list(schema.RECORD_FIELDS)
-        writer.writerow(fields)
+        writer.writerow(list(RECORD_FIELDS))
         for rec in _clean(doc["records"]):
-            writer.writerow([csv_value(k, rec.get(k)) for k in fields])
+            writer.writerow([csv_cell(field, rec.get(name)) for name, field in RECORD_FIELDS.items()])
     os.replace(tmp, path)
     return path
 
@@ -214,7 +108,7 @@ def _limit_rows(doc: dict) -> list[list[str]]:
     rows = []
     if lim.get("copy"):
         c = lim["copy"]
-        rows.append(["copy bandwidth", f"{c['gbps']:,.1f} GB/s", f"copy_ of {_bytes(c['bytes'])}, read + written"])
+        rows.append(["copy bandwidth", f"{c['gbps']:,.1f} GB/s", f"copy_ of {fmt_bytes(c['bytes'])}, read + written"])
     for dtype, m in lim.get("matmul", {}).items():
         extra = f", allow_tf32={m['allow_tf32']}" if "allow_tf32" in m else ""
         rows.append([f"matmul {dtype}", f"{m['tflops']:,.2f} TFLOP/s", f"torch.matmul {m['n']}^3{extra}"])

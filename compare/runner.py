@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import environment, kernels, limits as limits_mod, timing
+from .record import new_record
 from .variants import Variant, VariantSkipped
 
 # Steady-state time under which every variant also gets its CUDA-graph replay
@@ -154,43 +155,23 @@ def _restore_inputs(args: tuple, pristine: list | None) -> bool:
 
 
 def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, settings: Settings) -> dict:
+    """A fresh record of one variant on one (dtype, shape): what is known before it runs (record.py
+    declares every field and the value of the others, which the steps below fill)."""
     device = settings.device
-    return {
-        "op": spec.name,
-        "dtype": limits_mod.dtype_name(dtype),
-        "shape": list(shape),
-        "shape_label": spec.describe(shape),
-        "variant": variant.name,
-        "kind": variant.kind,
-        "status": "failed",
-        "error": None,
-        "interpreted": variant.interpreted(device),
-        "device": device.type,
-        "timing_method": timing.method(device),
-        "bytes": int(spec.bytes_moved(shape, dtype)),
-        "flops": int(spec.flops(shape, dtype)),
-        "tolerance": spec.tolerance.get(dtype),
-        "rounding_error": None,
-        "rel_error": None,
-        "max_abs_error": None,
-        "first_call_ms": None,
-        "median_ms": None,
-        "p20_ms": None,
-        "p80_ms": None,
-        "samples": 0,
-        "cudagraph_ms": None,
-        "gbps": None,
-        "tflops": None,
-        "limit_share": None,
-        "speedup_vs_eager": None,
-        "speedup_vs_compile": None,
-        "kernels": None,
-        "kernel_unit": None,
-        "kernel_names": [],
-        "kernel_us": {},
-        "sm_clock_mhz": None,
-        "best": False,
-    }
+    return new_record(
+        op=spec.name,
+        dtype=limits_mod.dtype_name(dtype),
+        shape=list(shape),
+        shape_label=spec.describe(shape),
+        variant=variant.name,
+        kind=variant.kind,
+        interpreted=variant.interpreted(device),
+        device=device.type,
+        timing_method=timing.method(device),
+        bytes=int(spec.bytes_moved(shape, dtype)),
+        flops=int(spec.flops(shape, dtype)),
+        tolerance=spec.tolerance.get(dtype),
+    )
 
 
 def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings, progress) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .report import device_label, groups, ratio, share
+from .formats import device_label, fmt_megabytes, fmt_microseconds, fmt_ratio
+from .record import LARGE, LARGEST, SMALL, cells, groups, titles
 from .schema import SCHEMA
 
 LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at the hardware's limit
@@ -112,8 +113,19 @@ def _shapes(records: list[dict]) -> dict[str, list[dict]]:
     return {label: shape_records for _, label, shape_records in groups(records)}
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.0f}" if n >= 1e6 else f"{n / 1e6:.2f}"
+# Each table: a case's key (op, dtype, shape, MB moved), then tk's fields that record.py shows in
+# the table, then how tk compares with the fastest other variant.
+
+
+def _key(op: str, dtype: str, label: str, nbytes: int) -> list[str]:
+    return [op, dtype, label, fmt_megabytes(nbytes)]
+
+
+def _against(vs_best: float, best: dict) -> str:
+    return f"{fmt_ratio(vs_best)} ({best['variant']})"
+
+
+LARGEST_COMPARISON = ["tk vs the fastest other"]
 
 
 def largest_shapes_table(merged: dict) -> list[list[str]]:
@@ -123,14 +135,15 @@ def largest_shapes_table(merged: dict) -> list[list[str]]:
         label = max(by_shape, key=lambda s: by_shape[s][0]["bytes"])
         case = compare_case(by_shape[label])
         if case is None:
-            rows.append([op, dtype, label, _mb(by_shape[label][0]["bytes"]), "no time for tk or no other variant", "", "", ""])
+            blank = [""] * (len(titles(LARGEST)) + len(LARGEST_COMPARISON) - 1)
+            rows.append([*_key(op, dtype, label, by_shape[label][0]["bytes"]), "no time for tk or no other variant", *blank])
             continue
-        tk, best = case["tk"], case["best"]
-        rows.append([
-            op, dtype, label, _mb(tk["bytes"]), share(tk["limit_share"]), ratio(tk["speedup_vs_eager"]),
-            ratio(tk["speedup_vs_compile"]), f"{ratio(case['vs_best'])} ({best['variant']})",
-        ])  # fmt: skip
+        tk = case["tk"]
+        rows.append([*_key(op, dtype, label, tk["bytes"]), *cells(LARGEST, tk), _against(case["vs_best"], case["best"])])
     return rows
+
+
+LARGE_COMPARISON = ["tk vs the fastest other", "the same, CUDA-graph times"]
 
 
 def large_cases(merged: dict) -> tuple[int, list[list[str]]]:
@@ -143,16 +156,16 @@ def large_cases(merged: dict) -> tuple[int, list[list[str]]]:
                 continue
             count += 1
             if case["vs_best"] * TIE < 1:
-                tk, best = case["tk"], case["best"]
-                behind.append([
-                    op, dtype, label, _mb(tk["bytes"]), share(tk["limit_share"]), f"{ratio(case['vs_best'])} ({best['variant']})",
-                    ratio(case["graph_vs_best"]),
-                ])  # fmt: skip
+                comparison = [_against(case["vs_best"], case["best"]), fmt_ratio(case["graph_vs_best"])]
+                behind.append([*_key(op, dtype, label, case["tk"]["bytes"]), *cells(LARGE, case["tk"]), *comparison])
     return count, behind
 
 
 def _graphed(r: dict) -> bool:
     return _timed(r) and bool(r["cudagraph_ms"])
+
+
+SMALL_COMPARISON = ["the fastest other, µs", "tk vs it"]
 
 
 def small_cases(merged: dict) -> tuple[int, list[list[str]]]:
@@ -173,10 +186,8 @@ def small_cases(merged: dict) -> tuple[int, list[list[str]]]:
             best = min(others, key=lambda r: r["cudagraph_ms"])
             vs_best = best["cudagraph_ms"] / tk["cudagraph_ms"]
             if vs_best * TIE < 1:
-                behind.append([
-                    op, dtype, label, _mb(tk["bytes"]), f"{1e3 * tk['cudagraph_ms']:.2f}",
-                    f"{1e3 * best['cudagraph_ms']:.2f} ({best['variant']})", ratio(vs_best),
-                ])  # fmt: skip
+                comparison = [f"{fmt_microseconds(best['cudagraph_ms'])} ({best['variant']})", fmt_ratio(vs_best)]
+                behind.append([*_key(op, dtype, label, tk["bytes"]), *cells(SMALL, tk), *comparison])
     return count, behind
 
 
@@ -214,6 +225,10 @@ def _header(docs: list[dict]) -> list[str]:
     return lines
 
 
+def _headers(shape_title: str, table: str, comparison: list[str]) -> list[str]:
+    return ["op", "dtype", shape_title, "MB moved", *titles(table), *comparison]
+
+
 def markdown(docs: list[dict]) -> str:
     merged = merge(docs)
     out = ["# Every op: tk against eager, torch.compile and the peers", "", *_header(docs), ""]
@@ -221,8 +236,7 @@ def markdown(docs: list[dict]) -> str:
         "## The largest shape of each op and dtype", "",
         "Share of the limit: of the copy bandwidth, or of cuBLAS for a compute-bound op. "
         "Speed-ups are ratios of medians in the same run; the last column is against the fastest other variant.", "",
-        tabulate(largest_shapes_table(merged), ["op", "dtype", "largest shape", "MB moved", "tk % of limit", "tk vs eager",
-                                                "tk vs compile", "tk vs the fastest other"], tablefmt="github"),
+        tabulate(largest_shapes_table(merged), _headers("largest shape", LARGEST, LARGEST_COMPARISON), tablefmt="github"),
         "",
     ]  # fmt: skip
     count, behind = large_cases(merged)
@@ -232,8 +246,7 @@ def markdown(docs: list[dict]) -> str:
         "",
     ]
     if behind:
-        out += [tabulate(behind, ["op", "dtype", "shape", "MB moved", "tk % of limit", "tk vs the fastest other",
-                                  "the same, CUDA-graph times"], tablefmt="github"), ""]  # fmt: skip
+        out += [tabulate(behind, _headers("shape", LARGE, LARGE_COMPARISON), tablefmt="github"), ""]
     count, behind = small_cases(merged)
     out += [
         f"## Small cases (under 64 MB) where tk is not within {100 * (TIE - 1):.0f}% of the fastest by CUDA-graph time", "",
@@ -241,8 +254,7 @@ def markdown(docs: list[dict]) -> str:
         "the fastest other variant's. (Their medians are mostly launch and timing overhead: see the op's report.)", "",
     ]  # fmt: skip
     if behind:
-        out += [tabulate(behind, ["op", "dtype", "shape", "MB moved", "tk µs", "the fastest other, µs", "tk vs it"],
-                         tablefmt="github"), ""]  # fmt: skip
+        out += [tabulate(behind, _headers("shape", SMALL, SMALL_COMPARISON), tablefmt="github"), ""]
     rows = problems(merged)
     out += ["## Variants that failed or were wrong", ""]
     out += [tabulate(rows, ["op", "variant", "status", "cases", "where", "reason"], tablefmt="github") if rows else "None.", ""]

@@ -76,6 +76,23 @@ def test_gpu_fixture_provenance():
         "pointwise_gelu", "reduction_softmax", "template_matmul", "triton_op_gelu"}  # fmt: skip
 
 
+def test_the_fixture_writer_starts_from_any_folder(tmp_path):
+    """tests/fixtures/write_gpu_fixtures.py (what wrote the files above) is a script outside the
+    installed packages: it finds this checkout's compare and ops wherever it is started from."""
+    script = REPO / "tests" / "fixtures" / "write_gpu_fixtures.py"
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = [sys.argv[1], '--help']\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "import compare\nprint('compare from', compare.__file__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.split("compare from ")[-1].strip()).is_relative_to(REPO)
+    assert "usage: python tests/fixtures/write_gpu_fixtures.py" in done.stdout
+
+
 # --------------------------------------------------------------------------
 # The artifact handler.
 # --------------------------------------------------------------------------
