@@ -183,6 +183,11 @@ register_formula(gelu, backward=gelu_backward, arguments=(GRAD, "x", "approximat
 # --------------------------------------------------------------------------
 
 
+def gelu_erf_unfused(x: torch.Tensor) -> torch.Tensor:
+    """The erf GELU as people write it by hand: several kernels in eager mode."""
+    return 0.5 * x * (1 + torch.erf(x * 0.7071067811865476))
+
+
 def gelu_tanh_unfused(x: torch.Tensor) -> torch.Tensor:
     """The tanh GELU as people write it by hand: several kernels in eager mode."""
     return 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x**3)))
@@ -198,34 +203,24 @@ def _bytes(shape, dtype):
     return 2 * n * torch.empty((), dtype=dtype).element_size()  # read x, write y
 
 
-register_spec(
-    OpSpec(
-        name="gelu",
-        tk=lambda x: torch.ops.tk.gelu(x, "tanh"),
-        reference=lambda x: F.gelu(x, approximate="tanh"),
-        unfused={"eager-unfused": gelu_tanh_unfused},
-        make_inputs=_make_inputs,
-        bytes_moved=_bytes,
-        flops=lambda shape, dtype: 10 * shape[0],
-        tolerance=ROUNDING_TOLERANCE,
-        shapes=ELEMENTWISE_SHAPES,
-        describe=describe_numel,
+# "gelu" is F.gelu's default, the erf form; "gelu_tanh" the tanh approximation.
+_FORWARDS = (("none", "gelu", 8, gelu_erf_unfused), ("tanh", "gelu_tanh", 10, gelu_tanh_unfused))
+for _approximate, _name, _flops, _unfused in _FORWARDS:
+    register_spec(
+        OpSpec(
+            name=_name,
+            tk=lambda x, a=_approximate: torch.ops.tk.gelu(x, a),
+            reference=lambda x, a=_approximate: F.gelu(x, approximate=a),
+            unfused={"eager-unfused": _unfused},
+            make_inputs=_make_inputs,
+            bytes_moved=_bytes,
+            flops=lambda shape, dtype, f=_flops: f * shape[0],
+            tolerance=ROUNDING_TOLERANCE,
+            shapes=ELEMENTWISE_SHAPES,
+            describe=describe_numel,
+            call=f'tk.gelu(x, "{_approximate}") against F.gelu(x, approximate="{_approximate}")',
+        )
     )
-)
-
-register_spec(
-    OpSpec(
-        name="gelu_erf",
-        tk=lambda x: torch.ops.tk.gelu(x, "none"),
-        reference=lambda x: F.gelu(x, approximate="none"),
-        make_inputs=_make_inputs,
-        bytes_moved=_bytes,
-        flops=lambda shape, dtype: 8 * shape[0],
-        tolerance=ROUNDING_TOLERANCE,
-        shapes=ELEMENTWISE_SHAPES,
-        describe=describe_numel,
-    )
-)
 
 
 def _make_backward_inputs(shape, dtype, device):
@@ -240,7 +235,7 @@ def _backward_bytes(shape, dtype):
 
 # The backward kernels on their own: tk.gelu_backward against aten's, which is
 # what eager autograd runs and what Inductor fuses under torch.compile.
-for _approximate, _name, _flops in (("tanh", "gelu_backward", 16), ("none", "gelu_erf_backward", 12)):
+for _approximate, _name, _flops in (("none", "gelu_backward", 12), ("tanh", "gelu_tanh_backward", 16)):
     register_spec(
         OpSpec(
             name=_name,
@@ -252,5 +247,6 @@ for _approximate, _name, _flops in (("tanh", "gelu_backward", 16), ("none", "gel
             tolerance=ROUNDING_TOLERANCE,
             shapes=ELEMENTWISE_SHAPES,
             describe=describe_numel,
+            call=f'tk.gelu_backward(grad, x, "{_approximate}") against aten.gelu_backward',
         )
     )

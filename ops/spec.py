@@ -37,6 +37,7 @@ class OpSpec:
     reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs
     compile_tk: bool = False  # also time torch.compile of `tk` (a model built from tk ops)
     kernel_modules: tuple[str, ...] = ()  # where the hand-written kernels live, if not in tk's own module
+    call: str = ""  # what is compared, in words, where the name does not say it (an op's arguments)
 
 
 SPECS: dict[str, OpSpec] = {}

@@ -578,7 +578,7 @@ def test_each_op_replayed_from_cpp_gives_the_bits_of_its_python_path(name):
             torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
 
 
-_SHOULD_REPLAY = ["gelu", "gelu_erf", "gelu_backward", "copy", "add", "square", "softmax", "softmax_backward",
+_SHOULD_REPLAY = ["gelu", "gelu_tanh", "gelu_backward", "copy", "add", "square", "softmax", "softmax_backward",
                   "rms_norm", "layer_norm", "matmul", "swiglu"]  # fmt: skip
 
 
@@ -673,7 +673,7 @@ def test_softmax_rows_held_across_programs_are_replayed_from_cpp(dtype):
 
 # Ops whose backward is a declared formula (register_formula): a call that needs
 # a gradient gets the lane's C++ node.  cross_entropy (two results) keeps a Python formula.
-_WITH_NODES = ["add", "copy", "geglu", "gelu", "gelu_erf", "layer_norm", "matmul", "rms_norm", "softmax", "square", "swiglu"]
+_WITH_NODES = ["add", "copy", "geglu", "gelu", "gelu_tanh", "layer_norm", "matmul", "rms_norm", "softmax", "square", "swiglu"]
 _WITH_NODES += ["softmax_to_float32"]  # its node saves x's dtype: dx comes in it
 
 
