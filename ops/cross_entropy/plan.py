@@ -68,8 +68,8 @@ class Tuning:
     row_tile: PerKind = PerKind(cuda=2048, cpu=1 << 14)
     tile_per_thread: int = 8
 
-    # A row of one row a program is "short" up to `short_row_chunks` chunks: the elements a thread
-    # below differ for short and longer rows.
+    # Rows swept one a program are "short" up to `short_row_chunks` chunks (8192 columns on a GPU):
+    # the elements a thread below differ for short and longer rows.  (Versions 33 and 34.)
     short_row_chunks: int = 2
 
     # The forward only reads, and each program first waits on its targets (an ignored row is not
@@ -201,7 +201,7 @@ def _row_tile(meta: Meta, tuning: Tuning, forward: bool) -> RowTile:
 
 
 def _elements_a_thread(meta: Meta, block: int, tuning: Tuning, forward: bool) -> int:
-    """Elements a thread in the chunks of a row of one row a program (see Tuning)."""
+    """Elements a thread in the chunks of a row swept one a program (see Tuning)."""
     long_row = meta.n_cols > tuning.short_row_chunks * block
     if not forward:
         return tuning.backward_per_thread_long if long_row else tuning.backward_per_thread
