@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import OpSpec, register_spec
-from .op import _compute_dtype
+from .launch import compute_dtype
 
 # --------------------------------------------------------------------------
 # What the comparison harness reads.
@@ -58,7 +58,7 @@ def _make_backward_inputs(shape, dtype, device):
     """grad of a mean loss, logits, target, the logsumexp tk's forward saves and the log-softmax
     PyTorch's saves: each backward gets what its own forward kept."""
     logits, target = _make_inputs(shape, dtype, device)
-    lse = torch.logsumexp(logits.to(_compute_dtype(dtype)), dim=-1)
+    lse = torch.logsumexp(logits.to(compute_dtype(dtype)), dim=-1)
     grad = torch.ones((), dtype=dtype, device=device)
     return grad, logits, target, lse, torch.log_softmax(logits, dim=-1)
 

@@ -4,7 +4,7 @@ Each test runs on the CPU (the Triton kernels through the interpreter, small
 sizes) and on CUDA (compiled kernels, vocabulary-sized rows; marked `gpu`).
 """
 
-from unittest import mock
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,6 +22,10 @@ from reference import (
 )
 
 import ops
+from ops.cross_entropy.launch import run_backward, run_forward
+from ops.cross_entropy.op import cross_entropy_with_tuning, describe, forward
+from ops.cross_entropy.plan import TUNING, Meta, choose_backward_plan, choose_forward_plan
+from ops.runtime import H100, INTERPRETER
 
 REDUCTIONS = ["none", "mean", "sum"]
 SMOOTHINGS = [0.0, 0.1]
@@ -62,10 +66,18 @@ def differentiable_view(t):
     return view
 
 
-def tk_loss_and_grad(logits, target, grad, **options):
-    """tk's loss and its gradient w.r.t. the logits (in their layout) for the incoming `grad`."""
+def tk_loss(logits, target, tuning=None, **options):
+    """tk's loss: the registered op, or (given a tuning) the same loss planned with that tuning."""
+    if tuning is None:
+        return torch.ops.tk.cross_entropy(logits, target, **options)
+    return cross_entropy_with_tuning(logits, target, **options, tuning=tuning)
+
+
+def tk_loss_and_grad(logits, target, grad, tuning=None, **options):
+    """tk's loss and its gradient w.r.t. the logits (in their layout) for the incoming `grad`
+    (planned with `tuning` if given)."""
     x = differentiable_view(logits)
-    loss = torch.ops.tk.cross_entropy(x, target, **options)
+    loss = tk_loss(x, target, tuning, **options)
     (dlogits,) = torch.autograd.grad(loss, x, grad)
     return loss, dlogits
 
@@ -213,6 +225,11 @@ def test_out_of_range_targets_give_nan(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_cols", [100, 70_001])  # one chunk, and several
 def test_numerically_stable(device, n_cols):
+    check_numerically_stable(device, n_cols)
+
+
+def check_numerically_stable(device, n_cols, tuning=None):
+    """Extreme logits in each row, tk's loss (planned with `tuning` if given) against PyTorch's."""
     x = torch.randn(7, n_cols, device=device)
     target = torch.randint(0, n_cols, (7,), device=device)
     x[0, : n_cols // 2] = -float("inf")  # -inf first: the online sum must not turn NaN
@@ -225,7 +242,7 @@ def test_numerically_stable(device, n_cols):
     x[5] = x[5] - 1e4  # far from 0
     x[6, target[6]] = -float("inf")  # the target's logit is -inf: an infinite loss
     for smoothing in SMOOTHINGS:  # with smoothing, a -inf logit anywhere makes the loss infinite
-        out = torch.ops.tk.cross_entropy(x, target, reduction="none", label_smoothing=smoothing)
+        out = tk_loss(x, target, tuning, reduction="none", label_smoothing=smoothing)
         ref = reference(x, target, reduction="none", label_smoothing=smoothing)
         rows = [0, 1, 2, 3, 4, 5, 6] if smoothing == 0 else [0, 1, 2, 4, 5, 6]  # row 3's sum overflows float32
         # A sum over 70001 columns in float32 rounds: allow twice PyTorch's own
@@ -238,7 +255,7 @@ def test_numerically_stable(device, n_cols):
         assert out[4].isnan() and out[6] == float("inf")
     big = (torch.randn(3, n_cols, device=device) * 1e4).to(torch.bfloat16)
     target = torch.randint(0, n_cols, (3,), device=device)
-    out = torch.ops.tk.cross_entropy(big, target, reduction="none")
+    out = tk_loss(big, target, tuning, reduction="none")
     assert_close(out, reference(big, target, reduction="none"), torch.bfloat16)
 
 
@@ -275,25 +292,35 @@ def test_expanded_incoming_gradient(device):
     assert_close(x.grad, x64.grad, torch.float32)
 
 
+# Chunks of 4 rows in the interpreter: the sums over the rows in many parts, as on a GPU.
+SMALL_PARTS = TUNING.with_cpu(reduce_chunk=4)
+
+
+def parts_of_the_rows(meta, tuning=TUNING):
+    """(programs, rows a program) of the forward's sum over the rows and of the backward's count
+    for "mean", which are the same."""
+    meta = replace(meta, reduction="mean")
+    sums, counts = choose_forward_plan(meta, tuning).sums, choose_backward_plan(meta, tuning).counts
+    assert sums == counts
+    return sums.programs, sums.rows_per_part
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide")  # a mean over no row: 0 / 0
 @pytest.mark.parametrize("n_rows", [1, 5, 9, 512, 600, 2000])  # one part; 2, 3, 128 of 4 rows; 75 of 8; 125 of 16
 @pytest.mark.parametrize("ignored", ["some", "all"])
-def test_the_reductions_over_the_rows_in_parts(monkeypatch, n_rows, ignored):
+def test_the_reductions_over_the_rows_in_parts(n_rows, ignored):
     """The sum over the row losses and the count of kept rows ("mean", both ways) are taken in
-    parts, at most _REDUCE_PARTS, each a whole number of chunks of rows: chunks of 4 rows here, so
-    that rows past a chunk, a part or the last row are all reached.  The forward's last program
+    parts, at most Tuning.max_parts, each a whole number of chunks of rows: chunks of 4 rows here,
+    so that rows past a chunk, a part or the last row are all reached.  The forward's last program
     adds the partials up."""
-    from ops.cross_entropy import op as module
-
-    monkeypatch.setitem(module._REDUCE_CHUNK, "cpu", 4)
-    assert module._reduce_parts(n_rows, torch.device("cpu"))[:2] == {
-        1: (1, 4), 5: (2, 4), 9: (3, 4), 512: (128, 4), 600: (75, 8), 2000: (125, 16)}[n_rows]  # fmt: skip
     logits, target = make_case(n_rows, 3, "cpu", torch.float32, ignore_every=3)
+    assert parts_of_the_rows(describe(logits, "mean", 0.0), SMALL_PARTS) == {
+        1: (1, 4), 5: (2, 4), 9: (3, 4), 512: (128, 4), 600: (75, 8), 2000: (125, 16)}[n_rows]  # fmt: skip
     if ignored == "all":
         target[:] = -100
     for reduction in ("mean", "sum"):
         grad = torch.tensor(2.0)
-        loss, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction)
+        loss, dlogits = tk_loss_and_grad(logits, target, grad, SMALL_PARTS, reduction=reduction)
         ref_loss, ref_grad = reference_loss_and_grad(logits, target, grad, reduction=reduction)
         if ignored == "all":  # a sum of 0, a mean of 0 / 0; no gradient
             torch.testing.assert_close(loss.double(), ref_loss, equal_nan=True)
@@ -303,6 +330,14 @@ def test_the_reductions_over_the_rows_in_parts(monkeypatch, n_rows, ignored):
             assert_close(dlogits, ref_grad, torch.float32)
 
 
+# The GPU's parts of the rows: one; two; 128 of one chunk; 65 and 98 of two and three chunks, the last part short.
+GPU_PARTS = {1: (1, 1024), 1025: (2, 1024), 131072: (128, 1024), 131073: (65, 2048), 300001: (98, 3072)}
+
+
+def test_the_gpu_parts_of_the_rows():
+    assert {n: parts_of_the_rows(Meta(n, 10, 10, 4, H100)) for n in GPU_PARTS} == GPU_PARTS
+
+
 def test_the_last_program_reads_the_other_programs_partials_after_its_ticket():
     """In the PTX for an H100 (compiled here, no GPU needed): the ticket is an acquire-release
     atomic at GPU scope, taken by the thread that stored the partials, after a barrier; the last
@@ -310,7 +345,7 @@ def test_the_last_program_reads_the_other_programs_partials_after_its_ticket():
     partials not yet written, a race that a test run would rarely show."""
     from test_alignment import _ptx
 
-    from ops.cross_entropy import op as module
+    from ops.cross_entropy import kernels as module
 
     pointers = {"row_loss_ptr": "fp32", "target_ptr": "i64", "part_sum_ptr": "fp32", "part_kept_ptr": "i32"}
     pointers.update(ticket_ptr="i32", out_ptr="fp32")
@@ -592,16 +627,11 @@ def test_compiled_with_dynamic_shapes(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n_rows", [1, 1025, 131072, 131073, 300001])
+@pytest.mark.parametrize("n_rows", list(GPU_PARTS))
 def test_the_reductions_over_the_rows_in_parts_on_the_gpu(n_rows):
-    """The GPU's parts of the rows: one; two; 128 of one chunk; 65 and 98 of two and three chunks,
-    the last part short."""
-    from ops.cross_entropy import op as module
-
-    parts, per_part = module._reduce_parts(n_rows, torch.device("cuda"))[:2]
-    assert (parts, per_part) == {1: (1, 1024), 1025: (2, 1024), 131072: (128, 1024), 131073: (65, 2048),
-                                 300001: (98, 3072)}[n_rows]  # fmt: skip
+    """The GPU's parts of the rows (GPU_PARTS), as this GPU plans them, give the right loss and gradient."""
     logits, target = make_case(n_rows, 10, "cuda", torch.float32, ignore_every=3)
+    assert parts_of_the_rows(describe(logits, "mean", 0.0)) == GPU_PARTS[n_rows]
     for reduction in ("mean", "sum"):
         grad = torch.tensor(2.0, device="cuda")
         loss, dlogits = tk_loss_and_grad(logits, target, grad, reduction=reduction)
@@ -646,26 +676,29 @@ def test_spec():
         assert_close(spec.tk(logits, target), spec.reference(logits.double(), target), dtype)
 
 
-def test_numerically_stable_with_the_gpu_chunk(monkeypatch):
+def element_size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def test_numerically_stable_with_the_gpu_chunk():
     """The CUDA chunk (4096 columns) on CPU: with one logit of 1e38 among 70001,
     the smoothing term's sum overflowed float32 there and the loss was inf."""
-    from ops.cross_entropy import op as module
-
-    monkeypatch.setitem(module._MAX_CHUNK, "cpu", module._MAX_CHUNK["cuda"])
-    test_numerically_stable("cpu", 70_001)
+    gpu_chunk = TUNING.with_cpu(max_chunk=TUNING.max_chunk.cuda)
+    meta = Meta(7, 70_001, 70_001, 4, INTERPRETER, reduction="none", smoothing=True)
+    assert choose_forward_plan(meta, gpu_chunk).tile.block == 4096
+    check_numerically_stable("cpu", 70_001, gpu_chunk)
 
 
 def test_the_gpu_row_tiles():
     """The forward's chunks: 32 elements a thread for rows of one or two chunks and for long
     16-bit rows, 16 for long float32 rows and for float64; the backward's 16 for rows of one or
-    two chunks, 8 for longer ones (see _backward_per_thread).  Rows of at most 256 columns are
-    stacked into 2048-element tiles."""
-    from ops.cross_entropy import op as module
+    two chunks, 8 for longer ones (see Tuning).  Rows of at most 256 columns are stacked into
+    2048-element tiles."""
 
     def tiles(n_rows, n_cols, dtype, forward):
-        logits = torch.empty(0, dtype=dtype, device="meta")
-        with mock.patch.object(module, "_kind", return_value="cuda"):
-            return module._row_tile(n_rows, n_cols, logits, forward)
+        meta = Meta(n_rows, n_cols, n_cols, element_size(dtype), H100)
+        tile = (choose_forward_plan if forward else choose_backward_plan)(meta).tile
+        return tile.rows, tile.block, tile.warps
 
     widths = (4096, 8192, 1000, 50257)
     assert [tiles(16384, c, torch.bfloat16, True) for c in widths] == [
@@ -682,44 +715,46 @@ def test_the_gpu_row_tiles():
     assert tiles(3, 100, torch.bfloat16, True) == (4, 128, 2)  # no more rows than there are, rounded up
 
 
-@pytest.fixture
-def small_tiles(monkeypatch):
-    """Tiles of 4 rows (rows shorter than 64 columns stacked) swept in chunks of 16 columns, both ways."""
+def test_the_gpu_peels_rows_off_a_16_byte_boundary():
+    """PEEL on an H100: the elements in 16 bytes for contiguous rows of one a program whose length
+    is not a multiple of them (4096x50257), 0 for aligned, strided or stacked rows."""
+
+    def peel(n_cols, dtype, row_stride=None, n_rows=4096):
+        meta = Meta(n_rows, n_cols, row_stride or n_cols, element_size(dtype), H100)
+        forward, backward = choose_forward_plan(meta).tile.peel, choose_backward_plan(meta).tile.peel
+        assert forward == backward
+        return forward
+
+    assert [peel(50257, dtype) for dtype in (torch.bfloat16, torch.float32, torch.float64)] == [8, 4, 2]
+    assert peel(32000, torch.bfloat16) == peel(50264, torch.bfloat16) == 0  # every row on a boundary
+    assert peel(50257, torch.bfloat16, row_stride=50304) == 0  # a padded vocabulary: not contiguous
+    assert peel(250, torch.bfloat16) == 0  # stacked rows
+
+
+def test_a_loss_with_another_tuning_is_planned_with_it(monkeypatch):
+    """cross_entropy_with_tuning plans both directions with the tuning it is given: the tests that
+    take a design through it (SMALL_PARTS, the GPU chunk) rely on that."""
     from ops.cross_entropy import op as module
 
-    monkeypatch.setitem(module._MAX_CHUNK, "cpu", 16)
-    monkeypatch.setitem(module._ROW_TILE, "cpu", 64)
-    monkeypatch.setitem(module._STACKED_ROW, "cpu", 16)
+    planned = []
+    for name in ("choose_forward_plan", "choose_backward_plan"):
+
+        def spy(meta, tuning, choose=getattr(module, name), name=name):
+            planned.append((name, tuning))
+            return choose(meta, tuning)
+
+        monkeypatch.setattr(module, name, spy)
+    logits, target = make_case(5, 40, "cpu", torch.float32)
+    loss, dlogits = tk_loss_and_grad(logits, target, torch.tensor(1.0), SMALL_PARTS, label_smoothing=0.1)
+    assert planned == [("choose_forward_plan", SMALL_PARTS), ("choose_backward_plan", SMALL_PARTS)]
+    ref_loss, ref_grad = reference_loss_and_grad(logits, target, torch.tensor(1.0), label_smoothing=0.1)
+    assert_close(loss, ref_loss, torch.float32)
+    assert_close(dlogits, ref_grad, torch.float32)
 
 
-@pytest.fixture
-def peel_flags(small_tiles, monkeypatch):
-    """{kernel name: the PEEL of each launch} of the row kernels, with rows of more than 8 columns
-    one a program."""
-    from ops.cross_entropy import op as module
-
-    monkeypatch.setitem(module._STACKED_ROW, "cpu", 8)
-
-    flags, launcher = {}, module.launcher
-    row_kernels = (module.cross_entropy_forward_kernel, module.cross_entropy_backward_kernel)
-
-    class Recording:
-        def __init__(self, kernel, launch):
-            self.name, self.launch = kernel.fn.__name__, launch
-
-        def __getitem__(self, grid):
-            def run(*args, **constexprs):
-                flags.setdefault(self.name, set()).add(constexprs["PEEL"])
-                return self.launch[grid](*args, **constexprs)
-
-            return run
-
-    def recording(kernel, like):
-        launch = launcher(kernel, like)
-        return Recording(kernel, launch) if kernel in row_kernels else launch
-
-    monkeypatch.setattr(module, "launcher", recording)
-    return flags
+# Tiles of 4 rows (rows of at most 16 columns stacked, 64 elements a tile) swept in chunks of 16
+# columns, both ways; rows of more than 8 columns one a program, so that 12-50 columns are peeled.
+PEELING = TUNING.with_cpu(max_chunk=16, row_tile=64, stacked_row=8)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy sees the infinities
@@ -727,7 +762,7 @@ def peel_flags(small_tiles, monkeypatch):
 @pytest.mark.parametrize("strided", [False, True])  # a column slice of wider logits
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_backward_tiles_and_chunks(peel_flags, n_cols, strided, dtype, reduction):
+def test_backward_tiles_and_chunks(n_cols, strided, dtype, reduction):
     """Each element's gradient uses its own row's lse, target and incoming gradient: tiles of
     several rows (the last past the last row), rows of several chunks, contiguous rows that start
     off a 16-byte boundary (33 and 50 columns: swept from the boundary before them); ignored rows
@@ -740,20 +775,21 @@ def test_backward_tiles_and_chunks(peel_flags, n_cols, strided, dtype, reduction
     grad = torch.randn(13 if reduction == "none" else ()).to(dtype)
     for smoothing in SMOOTHINGS:
         options = (-100, reduction, smoothing)
-        _, lse = torch.ops.tk.cross_entropy_forward(logits, target, *options)
-        dlogits = torch.ops.tk.cross_entropy_backward(grad, poisoned, target, lse, *options)
+        _, lse = forward(logits, target, *options, tuning=PEELING)
+        plan = choose_backward_plan(describe(poisoned, reduction, smoothing), PEELING)
+        assert plan.tile.peel == _expected_peel(n_cols, strided, dtype)
+        dlogits = run_backward(plan, grad, poisoned, target, lse, -100, smoothing)
         kept = (target != -100) & (target != n_cols)
         # The reference sees row 8's target clamped (a row "mean" counts, as tk does); tk's row 8 is NaN.
         ref_target = target.clamp(max=n_cols - 1)
         _, ref = reference_loss_and_grad(logits, ref_target, grad, reduction=reduction, label_smoothing=smoothing)
         assert_close(dlogits[kept], ref[kept], dtype)
         assert (dlogits[target == -100] == 0).all() and dlogits[8].isnan().all()
-    assert peel_flags["cross_entropy_backward_kernel"] == {_expected_peel(n_cols, strided, dtype)}
 
 
 def _expected_peel(n_cols, strided, dtype):
-    """With peel_flags' tiles: one row a program, contiguous, not all rows aligned, two runs long."""
-    vector = 16 // torch.empty((), dtype=dtype).element_size()
+    """With PEELING's tiles: one row a program, contiguous, not all rows aligned, two runs long."""
+    vector = 16 // element_size(dtype)
     return vector if n_cols > 8 and not strided and (n_cols & -n_cols) < vector and n_cols >= 2 * vector else 0
 
 
@@ -761,7 +797,7 @@ def _expected_peel(n_cols, strided, dtype):
 @pytest.mark.parametrize("n_cols", [33, 50, 64])  # rows off a 16-byte boundary; 64: all on one
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_forward_of_rows_off_a_16_byte_boundary(peel_flags, n_cols, strided, dtype):
+def test_forward_of_rows_off_a_16_byte_boundary(n_cols, strided, dtype):
     """The forward's peeled sweep: each row's max, sum, smoothing mean and x_t, with the row's first
     and last partial runs taken apart from the body; ignored rows (NaN) and an out-of-range target,
     a row of -inf, a row whose only large logit sits in its first run and one with it in its last."""
@@ -775,11 +811,13 @@ def test_forward_of_rows_off_a_16_byte_boundary(peel_flags, n_cols, strided, dty
     kept = (target != -100) & (target != n_cols)
     kept[2] = False  # all -inf: NaN, checked below
     for smoothing in SMOOTHINGS:
-        loss, _ = torch.ops.tk.cross_entropy_forward(poisoned, target, -100, "none", smoothing)
+        plan = choose_forward_plan(describe(poisoned, "none", smoothing), PEELING)
+        assert plan.tile.peel == _expected_peel(n_cols, strided, dtype)
+        loss, _ = run_forward(plan, poisoned, target, -100, smoothing, dtype)
         ref = reference(logits, target.clamp(max=n_cols - 1), reduction="none", label_smoothing=smoothing)
         assert_close(loss[kept], ref[kept], dtype)
         assert (loss[target == -100] == 0).all() and loss[8].isnan() and loss[2].isnan()
-    assert peel_flags["cross_entropy_forward_kernel"] == {_expected_peel(n_cols, strided, dtype)}
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_spec(device):
