@@ -31,7 +31,8 @@ import triton
 from reference import TOLERANCE, rel_error
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops.cross_entropy import op as cross_entropy_module
+from ops.cross_entropy.op import cross_entropy_with_tuning
+from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
 from ops.matmul import op as matmul_module
 from ops.softmax import op as softmax_module
 from ops.runtime.device import set_scratch_allocator, sm_count
@@ -68,11 +69,8 @@ def without_cooperative_rows():
         yield
 
 
-@contextlib.contextmanager
-def small_reduce_chunks():
-    """Cross entropy's reductions over the rows in chunks of 4 rows on CPU: many parts, as on a GPU."""
-    with mock.patch.dict(cross_entropy_module._REDUCE_CHUNK, {"cpu": 4}):
-        yield
+# Cross entropy's reductions over the rows in chunks of 4 rows on CPU: many parts, as on a GPU.
+SMALL_REDUCE_CHUNKS = CROSS_ENTROPY_TUNING.with_cpu(reduce_chunk=4)
 
 
 def logits_and_targets(device, n_rows, n_cols):
@@ -146,8 +144,8 @@ REPEATS = [
         # "mean" and "sum": each part of the rows a partial; on a GPU the last program to finish adds them up
         Repeat(f"cross_entropy {reduction}",
                lambda d: logits_and_targets(d, *sized(d, (301, 20), (131072, 100))),
-               lambda x, t, r=reduction: with_grads(lambda v: tk.cross_entropy(v, t, reduction=r), x),
-               context=small_reduce_chunks)
+               lambda x, t, r=reduction: with_grads(
+                   lambda v: cross_entropy_with_tuning(v, t, reduction=r, tuning=SMALL_REDUCE_CHUNKS), x))
         for reduction in ("mean", "sum")
     ],
     Repeat("matmul batched, b broadcast", lambda d: (randn(d, *sized(d, (2, 65, 33), (8, 1000, 768)), dtype=torch.bfloat16),

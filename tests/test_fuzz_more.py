@@ -47,6 +47,8 @@ from reference import TOLERANCE
 from test_fuzz import DTYPES, POOLS, RANKS, Fuzz, Input, Layout, dims, inputs, pull_back, run_fuzz
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops.cross_entropy.op import cross_entropy_with_tuning
+from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
 from ops.tour.rgb_to_grayscale import torchvision_rgb_to_grayscale
 
 tk = torch.ops.tk
@@ -544,22 +546,23 @@ def cross_entropy_cases(draw, device):
         unbatched=unbatched,
     )  # fmt: skip
     options = (_pick(draw, ["mean", "sum", "none"]), _pick(draw, SMOOTHINGS))
-    design = NO_DESIGN
+    tuning = CROSS_ENTROPY_TUNING  # the registered op
     if device == "cpu" and _pick(draw, ["default", "shrunk", "shrunk"]) == "shrunk":
-        design = Design((
-            ("ops.cross_entropy.op", "_MAX_CHUNK", _pick(draw, [16, 32, 1 << 14])),
-            ("ops.cross_entropy.op", "_REDUCE_CHUNK", _pick(draw, [2, 16, 1 << 16])),
-        ))  # fmt: skip
-    return dtype, draw(inputs(shape, scales=(1e-3, 1.0, 3.0, 30.0))), targets, options, design
+        tuning = CROSS_ENTROPY_TUNING.with_cpu(
+            max_chunk=_pick(draw, [16, 32, 1 << 14]), reduce_chunk=_pick(draw, [2, 16, 1 << 16])
+        )
+    return dtype, draw(inputs(shape, scales=(1e-3, 1.0, 3.0, 30.0))), targets, options, tuning
 
 
 def check_cross_entropy(case, device):
-    dtype, logits, targets, (reduction, smoothing), design = case
+    dtype, logits, targets, (reduction, smoothing), tuning = case
     target = targets.make(device)
     ignore_index = targets.ignore_index
 
     def tk_fn(x):
-        return tk.cross_entropy(x, target, ignore_index, reduction, smoothing)
+        if tuning == CROSS_ENTROPY_TUNING:
+            return tk.cross_entropy(x, target, ignore_index, reduction, smoothing)
+        return cross_entropy_with_tuning(x, target, ignore_index, reduction, smoothing, tuning=tuning)
 
     def ref_fn(x):
         # Unbatched logits (C,) are a batch of one, as documented.  PyTorch's CUDA
@@ -603,8 +606,7 @@ def check_cross_entropy(case, device):
         mag = w * (probs * lse.abs().clamp_min(1).unsqueeze(-1) + (1 - s) * onehot + s / n_cols)
         return [mag.squeeze(0) if targets.unbatched else mag]
 
-    with design.applied():
-        run_case(["logits"], [logits], dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnitude)
+    run_case(["logits"], [logits], dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnitude)
 
 
 # ---------------------------------------------------------------------------
