@@ -1,6 +1,7 @@
 """matmul's Triton kernels: the pointer kernel (any strides, batches, split K), the TMA kernel, the split-K sum.
 
-Which problem takes which kernel is op.py's; the math is in its docstring.
+Which problem takes which kernel, with which tile, is plan.py's; the math is in op.py's docstring.
+The autotuner's lists (``CONFIGS``, ``TMA_CONFIGS``) stay beside the kernels they configure.
 """
 
 import triton
@@ -17,7 +18,7 @@ def _config(block_m, block_n, block_k, stages, warps):
 # tensor cores (128x256x64 won on an H100); small ones keep skinny or small
 # problems from leaving most SMs idle.  Shared memory per stage is
 # (BLOCK_M + BLOCK_N) * BLOCK_K * element size: 128x256x64 bf16 is 48 KiB.
-_CONFIGS = [
+CONFIGS = [
     _config(128, 256, 64, 3, 8),
     _config(256, 128, 64, 3, 8),
     _config(128, 128, 64, 4, 8),
@@ -31,7 +32,7 @@ _CONFIGS = [
 
 @triton.jit
 def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of C's tile number ``tile`` in grouped order (see the module docstring)."""
+    """(pid_m, pid_n) of C's tile number ``tile`` in grouped order (see op.py's docstring)."""
     tiles_per_group = GROUP_M * num_pid_n
     first_pid_m = (tile // tiles_per_group) * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -77,7 +78,7 @@ def matmul_kernel(
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+        if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see plan.py, Tuning.interpreter_tile
             a, b = a.to(tl.float32), b.to(tl.float32)
         # out_dtype names the accumulator's type: Triton 3.6 assumes float32 otherwise.
         if ALLOW_TF32:
@@ -94,7 +95,7 @@ def matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-matmul_kernel_autotuned = triton.autotune(configs=_CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
+matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
 
 
 @triton.jit
@@ -151,7 +152,7 @@ def matmul_tma_kernel(
                 b = b_desc.load([off_n, off_k]).T
             else:
                 b = b_desc.load([off_k, off_n])
-            if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see _CPU_BLOCKS
+            if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see plan.py, Tuning.interpreter_tile
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc)
         c = acc.to(c_ptr.dtype.element_ty)
@@ -174,14 +175,14 @@ def _tma_config(block_m, block_n, block_k, stages, warps, store_halves=True, war
 # (BLOCK_M + BLOCK_N) * BLOCK_K * 2 bytes, plus the store's staging tile:
 # 3 stages of 128x256x64 and a 128x128 half take 176 KiB of Hopper's 227.
 # 256x128 tiles, and 128x128 with 8 warps, lost by 3 to 10 points everywhere.
-_TMA_CONFIGS = [
+TMA_CONFIGS = [
     _tma_config(128, 256, 64, 3, 8),
     _tma_config(128, 256, 64, 4, 8),
     _tma_config(128, 256, 64, 3, 8, store_halves=False),
     _tma_config(128, 256, 64, 3, 8, warp_specialize=True),
     _tma_config(128, 128, 64, 5, 4, store_halves=False),
 ]
-matmul_tma_kernel_autotuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
+matmul_tma_kernel_autotuned = triton.autotune(configs=TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
 
 
 @triton.jit

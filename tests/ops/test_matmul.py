@@ -1,23 +1,34 @@
-"""matmul against a float64 reference: both kernels, split K, batches, strides, empties, gradients.
+"""matmul against a float64 reference: both kernels, split K, batches, strides, empties, gradients; its plans.
 
 Each test runs on the CPU (the Triton kernels through the interpreter, small
-sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
+sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).  The
+plan tests plan for an H100 on any machine, from meta tensors (shapes and
+strides, no data).
 """
 
-import re
-from types import SimpleNamespace
+from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
-from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, pytorch_gelu, rel_error, strided_versions
+from reference import DEVICES, assert_close, leaf64, rel_error
 
-from ops import gelu as gelu_ops  # the modules, for their design constants
-from ops.matmul import op as matmul_ops
-from ops.softmax import op as softmax_ops
-from ops.blocks.alignment import column_multiple
-from ops.blocks import held_rows as cooperative
-from ops.blocks.held_rows import UNPUBLISHED, unpublished_words, words_block
+from ops.matmul import launch as matmul_launch
+from ops.matmul.kernels import matmul_kernel, matmul_tma_kernel, matmul_tma_kernel_autotuned, split_k_sum_kernel
+from ops.matmul.op import backward, forward
+from ops.matmul.plan import (
+    POINTER,
+    TMA,
+    TUNING,
+    Layout,
+    Tile,
+    Tuning,
+    choose_plan,
+    describe,
+    pointer_plan,
+    split_k,
+    tma_layout,
+)
+from ops.runtime import H100, DeviceFacts
 
 
 def pick(device, cpu, cuda):
@@ -96,39 +107,95 @@ def test_matmul_of_empty(device):
     assert torch.equal(zeros, torch.zeros(3, 5, device=device))  # K == 0: a sum of nothing
 
 
-def test_matmul_split_k_rule(monkeypatch):
-    monkeypatch.setattr(matmul_ops, "sm_count", lambda index: 132)  # an H100
-    cuda = torch.device("cuda", 0)
-    assert matmul_ops._SPLIT_TILE["cuda"] == (64, 128) and matmul_ops._MIN_SPLIT_K["cuda"] == 512  # the numbers below
-    assert matmul_ops._split_k(16, 4096, 4096, 1, cuda) == 4  # decoding: 32 tiles, 4 slices of 1024
-    assert matmul_ops._split_k(512, 512, 8192, 1, cuda) == 4  # a weight gradient over 8192 tokens
-    assert matmul_ops._split_k(1, 1, 1 << 20, 1, cuda) == 16  # at most 16 slices
-    assert matmul_ops._split_k(16, 4096, 700, 1, cuda) == 1  # slices would be shorter than 512
-    assert matmul_ops._split_k(1024, 1024, 1024, 1, cuda) == 1  # 128 tiles: the SMs are busy
-    assert matmul_ops._split_k(16, 4096, 4096, 8, cuda) == 1  # a batch fills them too
-    for M, N, K, batch in [(1, 1, 4096, 1), (64, 128, 10**6, 1), (100, 300, 5000, 3), (16, 8192, 8192, 2)]:
-        split = matmul_ops._split_k(M, N, K, batch, cuda)
-        tiles = -(-M // 64) * -(-N // 128) * batch
+def on(facts, a, b):
+    """The Meta of a @ b as a call on a device with `facts` sees it (a and b: meta tensors)."""
+    return replace(describe(a, b), facts=facts, tma_descriptors=facts.hopper)
+
+
+def meta_tensors(M, N, K, batch=None, dtype=torch.bfloat16):
+    """a (M x K, or batch x M x K) and b (K x N) on the meta device: shapes and strides, no memory."""
+    a = torch.empty((M, K) if batch is None else (batch, M, K), device="meta", dtype=dtype)
+    return a, torch.empty(K, N, device="meta", dtype=dtype)
+
+
+def test_matmul_split_k_rule():
+    def split_on_h100(M, N, K, batch=None):
+        return split_k(on(H100, *meta_tensors(M, N, K, batch)))
+
+    assert TUNING.split_tile == (64, 128) and TUNING.min_split_k == 512 and H100.sm_count == 132  # the numbers below
+    assert split_on_h100(16, 4096, 4096) == 4  # decoding: 32 tiles, 4 slices of 1024
+    assert split_on_h100(512, 512, 8192) == 4  # a weight gradient over 8192 tokens
+    assert split_on_h100(1, 1, 1 << 20) == 16  # at most 16 slices
+    assert split_on_h100(16, 4096, 700) == 1  # slices would be shorter than 512
+    assert split_on_h100(1024, 1024, 1024) == 1  # 128 tiles: the SMs are busy
+    assert split_on_h100(16, 4096, 4096, batch=8) == 1  # a batch fills them too
+    for M, N, K, batch in [(1, 1, 4096, None), (64, 128, 10**6, None), (100, 300, 5000, 3), (16, 8192, 8192, 2)]:
+        split = split_on_h100(M, N, K, batch)
+        tiles = -(-M // 64) * -(-N // 128) * (batch or 1)
         assert split == 1 or (split * tiles <= 132 and K // split >= 512), (M, N, K, batch, split)
-    assert matmul_ops._split_k(16, 64, 1000, 1, torch.device("cpu")) == 8  # the interpreter's scaled-down rule
+    assert split_k(describe(*meta_tensors(16, 64, 1000))) == 8  # the interpreter's scaled-down rule
+
+
+def test_matmul_plans_for_an_h100():
+    """The plan table of docs/ops/matmul.md: which problems take which design on an H100."""
+
+    def plan(M, N, K, batch=None, dtype=torch.bfloat16, facts=H100, **operand_a):
+        meta = on(facts, *meta_tensors(M, N, K, batch, dtype))
+        return choose_plan(replace(meta, a=replace(meta.a, **operand_a)))
+
+    decoding = plan(16, 4096, 4096)
+    assert (decoding.design, decoding.split, decoding.tile) == (POINTER, 4, None)  # split K, the autotuner's tile
+    assert (decoding.accumulator, decoding.sum_block, decoding.sum_warps) == (torch.float32, 256, 8)
+    assert (plan(1024, 1024, 1024).design, plan(1024, 1024, 1024).split) == (POINTER, 1)  # 64 TMA tiles: too few
+    large = plan(2048, 2048, 2048)  # 256 tiles of 128 x 128 for 132 SMs
+    assert (large.design, large.programs) == (TMA, 132)
+    assert (large.a_layout, large.b_layout) == (Layout(False, 2048), Layout(False, 2048))
+    assert (large.tile, large.upcast_operands) == (None, False)  # the autotuner's configs
+    assert plan(2048, 2048, 2048, dtype=torch.float16).design == TMA
+    assert plan(4096, 4096, 4096, dtype=torch.float32).design == POINTER  # 16-bit operands only
+    assert plan(4096, 4096, 4096, batch=4).design == POINTER  # batches take the pointer kernel
+    assert plan(4096, 4096, 4096, address_aligned=False).design == POINTER  # storage from outside PyTorch
+    assert plan(4096, 4096, 4096, storage_offset=1).design == POINTER  # a view 2 bytes in
+    a100 = DeviceFacts("cuda", sm_count=108, capability=(8, 0))
+    assert plan(4096, 4096, 4096, facts=a100).design == POINTER  # no TMA unit before Hopper
+    float32 = on(H100, *meta_tensors(256, 256, 256, dtype=torch.float32))
+    assert choose_plan(replace(float32, tf32_allowed=True)).allow_tf32  # the switch, read by describe
+    assert not choose_plan(replace(float32, tf32_allowed=False)).allow_tf32
 
 
 @pytest.fixture
-def slices_summed(monkeypatch):
+def launches(monkeypatch):
+    """(kernel, constexpr arguments) of every launch matmul makes, in order."""
+    seen, launcher = [], matmul_launch.launcher
+
+    class Recording:
+        def __init__(self, kernel, launch):
+            self.kernel, self.launch = kernel, launch
+
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                seen.append((self.kernel, constexprs))
+                return self.launch[grid](*args, **constexprs)
+
+            return launch
+
+    monkeypatch.setattr(matmul_launch, "launcher", lambda kernel, like: Recording(kernel, launcher(kernel, like)))
+    return seen
+
+
+def slices_summed(launches):
     """The split count of every matmul whose K was split."""
-    splits = []
-    sum_slices = matmul_ops._sum_slices
+    return [constexprs["SPLIT_K"] for kernel, constexprs in launches if kernel is split_k_sum_kernel]
 
-    def spy(partial, c, split):
-        splits.append(split)
-        return sum_slices(partial, c, split)
 
-    monkeypatch.setattr(matmul_ops, "_sum_slices", spy)
-    return splits
+def tma_launches(launches):
+    """The operand layouts of every matmul that took the TMA kernel: (a column-major?, b column-major?)."""
+    tma_kernels = (matmul_tma_kernel, matmul_tma_kernel_autotuned)
+    return [(flags["A_COLUMN_MAJOR"], flags["B_COLUMN_MAJOR"]) for kernel, flags in launches if kernel in tma_kernels]
 
 
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
-def test_matmul_with_k_split_matches_float64(slices_summed, monkeypatch, dtype):
+def test_matmul_with_k_split_matches_float64(launches, dtype):
     """K split into slices whose float32 partial sums a second kernel adds (float64
     for float64): by the interpreter's own rule, then forced to more slices than
     K has steps, so that the last slices are empty."""
@@ -137,16 +204,15 @@ def test_matmul_with_k_split_matches_float64(slices_summed, monkeypatch, dtype):
     assert_close(torch.ops.tk.matmul(a[0], b), matmul_reference(a[0], b), dtype)  # 2 tiles of 64x64
     a_t = a[:, :, :200].transpose(1, 2).contiguous().transpose(1, 2)  # batched, column-major, N = 50: 2 tiles
     assert_close(torch.ops.tk.matmul(a_t, b[:200, :50]), matmul_reference(a_t, b[:200, :50]), dtype)
-    assert slices_summed == [4, 3], slices_summed  # 8 "SMs" // 2 tiles = 4; then 200 // 64 = 3 slices of K
-    monkeypatch.setattr(matmul_ops, "_split_k", lambda *args: 5)
+    assert slices_summed(launches) == [4, 3], launches  # 8 "SMs" // 2 tiles = 4; then 200 // 64 = 3 slices of K
     a, b = a[:, :, :100], b[:100]  # 2 steps of 64: slices 2, 3 and 4 have nothing to add
-    assert_close(torch.ops.tk.matmul(a, b), matmul_reference(a, b), dtype)
-    assert slices_summed[-1] == 5
+    assert_close(matmul_launch.run(pointer_plan(describe(a, b), split=5), a, b), matmul_reference(a, b), dtype)
+    assert slices_summed(launches)[-1] == 5
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_matmul_with_k_split_on_the_gpu(slices_summed, dtype):
+def test_matmul_with_k_split_on_the_gpu(launches, dtype):
     """The shapes the rule splits on an H100-class GPU: decoding, a weight
     gradient, a skinny odd one.  Right answer, and the same bits on every run."""
     for M, N, K in [(16, 4096, 4096), (512, 512, 8192), (7, 1000, 3001)]:
@@ -155,7 +221,8 @@ def test_matmul_with_k_split_on_the_gpu(slices_summed, dtype):
         c = torch.ops.tk.matmul(a, b)
         assert_close(c, matmul_reference(a, b), dtype)
         assert torch.equal(c, torch.ops.tk.matmul(a, b))
-    assert len(slices_summed) == 6 and min(slices_summed) > 1, slices_summed
+    splits = slices_summed(launches)
+    assert len(splits) == 6 and min(splits) > 1, splits
 
 
 def _four_layouts(a, b):
@@ -164,65 +231,66 @@ def _four_layouts(a, b):
     return [(a, b), (a_t, b), (a, b_t), (a_t, b_t)]
 
 
-@pytest.fixture
-def tma_launches(monkeypatch):
-    """The operand layouts of every matmul that took the TMA kernel."""
-    launches = []
-    launch = matmul_ops._launch_tma
-
-    def spy(a, b, c, layout_a, layout_b):
-        launches.append((layout_a[0], layout_b[0]))  # (a column-major?, b column-major?)
-        return launch(a, b, c, layout_a, layout_b)
-
-    monkeypatch.setattr(matmul_ops, "_launch_tma", spy)
-    return launches
+def with_tma(a, b):
+    """The Meta of a @ b on the interpreter, as if it had TMA descriptors: its scaled-down TMA rule applies."""
+    return replace(describe(a, b), tma_descriptors=True)
 
 
-def test_matmul_tma_rule(monkeypatch):
+def test_matmul_tma_rule():
     """Which operands a TMA descriptor can describe, and which problems go to the TMA kernel."""
-    x = torch.randn(64, 96, dtype=torch.bfloat16)
-    assert matmul_ops._tma_layout(x) == (False, 96)
-    assert matmul_ops._tma_layout(x.t()) == (True, 96)
-    assert matmul_ops._tma_layout(x[:, 8:]) == (False, 96)  # 16 bytes in: still aligned
-    assert matmul_ops._tma_layout(x[:, 1:]) is None  # the base address is 2 bytes off
-    assert matmul_ops._tma_layout(x[:, ::2]) is None  # no unit stride
-    assert matmul_ops._tma_layout(x.flatten().as_strided((64, 96), (8, 1))) is None  # overlapping rows
-    assert matmul_ops._tma_layout(x.flatten()[:96].expand(64, 96)) is None  # one row, repeated (stride 0)
-    assert matmul_ops._tma_layout(torch.randn(64, 100, dtype=torch.float16)) is None  # rows 200 bytes apart
-    assert matmul_ops._tma_layout(torch.randn(64, 100)) == (False, 100)  # 400 bytes apart
 
-    def layouts(a, b, split=1):
-        return matmul_ops._tma_layouts(a, b, a.shape[-2], b.shape[-1], split)
+    def layout(t):
+        return tma_layout(describe(t, t).a, t.element_size())
+
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    assert layout(x) == Layout(False, 96)
+    assert layout(x.t()) == Layout(True, 96)
+    assert layout(x[:, 8:]) == Layout(False, 96)  # 16 bytes in: still aligned
+    assert layout(x[:, 1:]) is None  # the base address is 2 bytes off
+    assert layout(x[:, ::2]) is None  # no unit stride
+    assert layout(x.flatten().as_strided((64, 96), (8, 1))) is None  # overlapping rows
+    assert layout(x.flatten()[:96].expand(64, 96)) is None  # one row, repeated (stride 0)
+    assert layout(torch.randn(64, 100, dtype=torch.float16)) is None  # rows 200 bytes apart
+    assert layout(torch.randn(64, 100)) == Layout(False, 100)  # 400 bytes apart
+
+    def layouts(meta):
+        plan = choose_plan(meta)
+        return (plan.a_layout, plan.b_layout) if plan.design == TMA else None
 
     a, b = torch.randn(136, 96, dtype=torch.bfloat16), torch.randn(96, 264, dtype=torch.bfloat16)
-    assert layouts(a, b) is None  # the CPU has no TMA unit
-    monkeypatch.setattr(matmul_ops, "tma_available", lambda device: True)
-    assert layouts(a, b) == ((False, 96), (False, 264))  # 15 tiles of 64x64 for 8 "SMs"
-    assert layouts(a.t().contiguous().t(), b.t().contiguous().t()) == ((True, 136), (True, 96))
-    assert layouts(a[:130].t().contiguous().t(), b) is None  # its columns would be 260 bytes apart
-    assert layouts(a, b, split=2) is None  # split K takes the pointer kernel
-    assert layouts(a[:100], b[:, :100]) is None  # 4 tiles: too few to fill the "SMs"
-    assert layouts(a, b[:, :260]) is None  # C's rows would be 520 bytes apart
-    assert layouts(a.float(), b.float()) is None  # 16-bit operands only
-    assert layouts(a[None], b) is None  # batches take the pointer kernel
+    assert layouts(describe(a, b)) is None  # the CPU has no TMA unit
+    assert layouts(with_tma(a, b)) == (Layout(False, 96), Layout(False, 264))  # 15 tiles of 64x64 for 8 "SMs"
+    assert layouts(with_tma(a.t().contiguous().t(), b.t().contiguous().t())) == (Layout(True, 136), Layout(True, 96))
+    assert layouts(with_tma(a[:130].t().contiguous().t(), b)) is None  # its columns would be 260 bytes apart
+    assert layouts(with_tma(a[:100], b[:, :100])) is None  # 4 tiles: too few to fill the "SMs"
+    assert layouts(with_tma(a, b[:, :260])) is None  # C's rows would be 520 bytes apart
+    assert layouts(with_tma(a.float(), b.float())) is None  # 16-bit operands only
+    assert layouts(with_tma(a[None], b)) is None  # batches take the pointer kernel
+    # Split K takes the pointer kernel: with TMA tiles counted at 16 x 16, 256 x 256 would take the TMA
+    # kernel on an H100, unless its K is split (8 tiles of 64 x 128: 16 slices).
+    meta = on(H100, *meta_tensors(256, 256, 1 << 16))
+    assert choose_plan(meta, Tuning(tma_min_tile=16, max_split=1)).design == TMA
+    split = choose_plan(meta, Tuning(tma_min_tile=16))
+    assert (split.design, split.split) == (POINTER, 16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_matmul_tma_kernel_matches_float64(tma_launches, monkeypatch, dtype):
+def test_matmul_tma_kernel_matches_float64(launches, dtype):
     """The TMA kernel under the interpreter: each layout, edges that cut tiles in
     M, N and K, and more tiles than programs (the persistent loop's second round)."""
-    monkeypatch.setattr(matmul_ops, "tma_available", lambda device: True)
     for M, N, K in [(136, 600, 72), (520, 136, 8)]:
         a = torch.randn(M, K, dtype=dtype)
         b = torch.randn(K, N, dtype=dtype)
         for a_, b_ in _four_layouts(a, b):
-            assert_close(torch.ops.tk.matmul(a_, b_), matmul_reference(a_, b_), dtype)
-    assert tma_launches == [(False, False), (True, False), (False, True), (True, True)] * 2
+            plan = choose_plan(with_tma(a_, b_))
+            assert plan.design == TMA and plan.programs == 8, plan
+            assert_close(matmul_launch.run(plan, a_, b_), matmul_reference(a_, b_), dtype)
+    assert tma_launches(launches) == [(False, False), (True, False), (False, True), (True, True)] * 2
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_matmul_tma_kernel_on_the_gpu(tma_launches, dtype):
+def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
     """Hopper and newer: each layout through the TMA kernel, at sizes that cut
     every kind of tile; a misaligned view falls back to the pointer kernel."""
     M, N, K = 2312, 2120, 1000  # multiples of 8 (16-byte strides either way), of no tile size
@@ -234,11 +302,25 @@ def test_matmul_tma_kernel_on_the_gpu(tma_launches, dtype):
     compiled = torch.compile(lambda a, b: torch.ops.tk.matmul(a, b), fullgraph=True)  # Inductor launches it
     a_t = a[:, :K].t().contiguous().t()
     assert_close(compiled(a_t, b), matmul_reference(a_t, b), dtype)
+    layouts = tma_launches(launches)
     if torch.cuda.get_device_capability()[0] >= 9:
-        assert tma_launches[:4] == [(False, False), (True, False), (False, True), (True, True)], tma_launches
-        assert tma_launches[4:] and set(tma_launches[4:]) == {(True, False)}  # traced (once or more) for Inductor
+        assert layouts[:4] == [(False, False), (True, False), (False, True), (True, True)], layouts
+        assert layouts[4:] and set(layouts[4:]) == {(True, False)}  # traced (once or more) for Inductor
     else:
-        assert tma_launches == []
+        assert layouts == []
+
+
+def test_matmul_entry_points_take_a_tuning(launches):
+    """forward and backward with another tuning: here a smaller interpreter tile, which every launch takes."""
+    small = Tuning(interpreter_tile=Tile(16, 32, 16))
+    a, b = torch.randn(40, 50), torch.randn(50, 70)
+    grad = torch.randn(40, 70)
+    assert_close(forward(a, b, tuning=small), matmul_reference(a, b), torch.float32)
+    grad_a, grad_b = backward(grad, a, b, True, True, tuning=small)
+    assert_close(grad_a, matmul_reference(grad, b.t()), torch.float32)
+    assert_close(grad_b, matmul_reference(a.t(), grad), torch.float32)
+    tiles = {(flags["BLOCK_M"], flags["BLOCK_N"], flags["BLOCK_K"]) for kernel, flags in launches if kernel is matmul_kernel}
+    assert len(launches) == 3 and tiles == {(16, 32, 16)}, launches
 
 
 @pytest.mark.parametrize("device", DEVICES)

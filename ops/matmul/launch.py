@@ -1,0 +1,87 @@
+"""``run(plan, a, b)``: C = a @ b as the plan says (plan.py), every launch through the runtime's ``launcher``.
+
+Nothing here decides: the design, the tile (fixed, or left to the autotuner),
+the split and the layouts all come in the plan.  This file allocates C and
+the split-K workspace, lays out the kernels' arguments and launches.
+"""
+
+import torch
+
+from ..blocks.elementwise import elementwise_grid
+from ..blocks.sizes import cdiv
+from ..runtime import launcher, set_scratch_allocator
+from .kernels import (
+    matmul_kernel,
+    matmul_kernel_autotuned,
+    matmul_tma_kernel,
+    matmul_tma_kernel_autotuned,
+    split_k_sum_kernel,
+)
+from .plan import POINTER, TMA, Plan
+
+
+def run(plan: Plan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = a @ b, a new contiguous tensor of plan.shape in a's dtype."""
+    c = torch.empty(plan.shape, dtype=a.dtype, device=a.device)
+    if plan.design == TMA:
+        _launch_tma(plan, a, b, c)
+    elif plan.design == POINTER:
+        _launch_pointer(plan, a, b, c)
+    return c  # EMPTY: C has no elements
+
+
+def _batched_view(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch stride, row stride, column stride); batch stride 0 for a 2-D operand."""
+    if t.dim() == 2:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    M, N, K, batch, split = plan.M, plan.N, plan.K, plan.batch, plan.split
+    if split == 1:
+        out, slice_stride = c, 0
+    else:  # the tiles go to slices of a workspace in the accumulator's dtype, summed into c below
+        out = torch.empty((split, *c.shape), dtype=plan.accumulator, device=a.device)
+        slice_stride = c.numel()
+    # c is new and contiguous, so each workspace slice has c's strides.
+    strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
+    flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands}
+    if plan.tile is None:  # the autotuner picks the tile
+
+        def grid(meta):
+            return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), batch, split)
+
+        launcher(matmul_kernel_autotuned, a)[grid](a, b, out, M, N, K, *strides, **flags)
+    else:
+        grid = (cdiv(M, plan.tile.block_m) * cdiv(N, plan.tile.block_n), batch, split)
+        launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **plan.tile.constexprs())
+    if split > 1:
+        _sum_slices(plan, out, c)
+
+
+def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor) -> None:
+    """c (contiguous) = the sum of partial's plan.split slices."""
+    n = c.numel()
+    launcher(split_k_sum_kernel, c)[elementwise_grid(n, plan.sum_block)](
+        partial, c, n, SPLIT_K=plan.split, BLOCK_SIZE=plan.sum_block, num_warps=plan.sum_warps
+    )
+
+
+def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
+    args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
+    flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
+
+    def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles
+        return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+
+    if plan.tile is None:  # the autotuner picks the tile; the kernel's descriptors need Triton's scratch memory
+        set_scratch_allocator()
+        launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags, UPCAST_OPERANDS=plan.upcast_operands)
+    else:
+        tile = plan.tile.constexprs()
+        launcher(matmul_tma_kernel, a)[grid(tile)](
+            *args, **flags, UPCAST_OPERANDS=plan.upcast_operands, STORE_HALVES=plan.store_halves,
+            WARP_SPECIALIZE=plan.warp_specialize, **tile,
+        )  # fmt: skip

@@ -1,0 +1,277 @@
+"""Which kernel takes a matmul, with which tile, split and layouts: ``choose_plan(meta) -> Plan``.
+
+A call is first described (``describe``: shapes, strides, alignment, the
+device's facts: a ``Meta``), then planned (``choose_plan``: a pure function of
+the Meta and a ``Tuning``), then run (launch.py).  The designs, in the order
+the plan tries them:
+
+* EMPTY: C has no elements; nothing is launched.
+* Split K (the pointer kernel with SPLIT_K > 1, then the slice sum): C has at
+  most half as many tiles as the GPU has SMs.
+* TMA: 2-D float16 / bfloat16 on Hopper or newer, at least one large tile per
+  SM, operands a TMA descriptor can describe, and K not split.
+* POINTER: everything else (batches, float32, float64, strided operands,
+  older GPUs).
+
+On a GPU the autotuner picks the tile from kernels.py's lists (``CONFIGS``,
+``TMA_CONFIGS``); the interpreter takes a fixed tile.  docs/ops/matmul.md has
+the plan table with its measurements.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..blocks.elementwise import elementwise_config
+from ..blocks.sizes import cdiv
+from ..runtime import DeviceFacts, device_facts, is_fake, tma_available
+
+EMPTY, POINTER, TMA = "empty", "pointer", "tma"
+
+# TMA's rule (hardware, not tuning): the base address and every stride but the unit one are multiples of 16 bytes.
+TMA_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A fixed launch tile: C in BLOCK_M x BLOCK_N tiles, K walked BLOCK_K at a time, GROUP_M rows of tiles a group."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8  # as in every autotuned config (kernels.py)
+
+    def constexprs(self) -> dict:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every constant a matmul plan uses (measurements: docs/perf-notes.md, by version).  The fields
+    without ``interpreter_`` are the GPU's; the interpreter's rules are the same scaled down to its tile
+    and its few pretend SMs, so that CPU tests split K (and, told to, take the TMA kernel) at small sizes."""
+
+    # The interpreter runs one Python loop iteration per program: few, large tiles (a CPU choice, not timed).
+    # Its tl.dot multiplies bfloat16 operands as raw 16-bit integers, so they are upcast first; a product of
+    # two half-precision numbers is exact in float32, so the result is the same as the tensor cores'.
+    interpreter_tile: Tile = Tile(64, 64, 64)
+    # The interpreter's pretend SMs (its "programs at once"): a few, so small problems split K and take TMA.
+    interpreter_programs: int = 8
+    # The interpreter's TMA launch stores the tile in two halves, the path the first TMA configs take (version 8);
+    # warp specialization is a GPU compiler's choice, which the interpreter's plain loop does not have.
+    interpreter_store_halves: bool = True
+    interpreter_warp_specialize: bool = False
+
+    # Split K (docs/perf-notes.md, version 6): split when C has at most half as many tiles as the GPU has SMs,
+    # counted with the tile the autotuner picks for small problems (64x128; 32 tiles at M16xN4096).
+    split_tile: tuple[int, int] = (64, 128)
+    # A slice at least this deep: a shorter one spends more on its partial sums' traffic than it saves
+    # (version 6: M16xN4096xK4096 from 0.61x to 0.90x cuBLAS at 4 slices; version 10: split 2 with
+    # 16x64x128 tiles ran within the spread of this rule's 4, not worth a change).
+    min_split_k: int = 512
+    max_split: int = 16  # slices at most (version 6)
+
+    # TMA (version 8): at least one tile this size per SM (2048 x 2048 on an H100: 0.89x cuBLAS against the
+    # pointer kernel's 0.81x); below, the persistent grid's large tiles leave SMs idle (1024^3, 64 tiles: the
+    # TMA kernel at 0.60-0.68x against the pointer kernel's 0.84x, version 10).
+    tma_min_tile: int = 128
+
+
+TUNING = Tuning()
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What a plan needs of a or b: shape and strides (2-D or 3-D) in elements, and where it starts."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    storage_offset: int  # elements from the start of the storage
+    address_aligned: bool  # its address is TMA_ALIGNMENT-aligned (True where not read: see describe)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """One call of tk.matmul, as its plan sees it (built by ``describe``, or directly by a test)."""
+
+    a: Operand
+    b: Operand
+    dtype: torch.dtype
+    tf32_allowed: bool  # torch.backends.cuda.matmul.allow_tf32 at the call
+    facts: DeviceFacts
+    tma_descriptors: bool  # Triton can build TMA descriptors on this device (Hopper or newer, a Triton that has them)
+
+    @property
+    def M(self) -> int:
+        return self.a.shape[-2]
+
+    @property
+    def K(self) -> int:
+        return self.a.shape[-1]
+
+    @property
+    def N(self) -> int:
+        return self.b.shape[-1]
+
+    @property
+    def batched(self) -> bool:
+        """Whether C is 3-D: either operand is."""
+        return len(self.a.shape) == 3 or len(self.b.shape) == 3
+
+    @property
+    def batch(self) -> int:
+        """Matrices in C: the batch of the 3-D operand(s) (op.py checked they agree), 1 for 2-D @ 2-D."""
+        if len(self.a.shape) == 3:  # not `a's batch or b's`: a batch of 0 matrices is 0, not 1
+            return self.a.shape[0]
+        return self.b.shape[0] if len(self.b.shape) == 3 else 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a TMA descriptor describes a 2-D operand: row-major, or column-major (described as the row-major
+    matrix it is the transpose of), with the stride between its rows (columns)."""
+
+    column_major: bool
+    leading_stride: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs: the design and every number its launches take."""
+
+    design: str  # EMPTY, POINTER or TMA
+    shape: tuple[int, ...]  # C's: (M, N), or (batch, M, N) when an operand is batched
+    M: int
+    N: int
+    K: int
+    batch: int
+    tile: Tile | None = None  # a fixed tile (the interpreter); None: the autotuner picks one of kernels.py's configs
+    upcast_operands: bool = False  # bfloat16 in the interpreter (see Tuning.interpreter_tile)
+    # The pointer kernel.
+    allow_tf32: bool = False
+    split: int = 1  # slices of K (1: not split), each a program of the grid's third axis
+    accumulator: torch.dtype | None = None  # the workspace slices' dtype (split > 1): float32, float64 for float64
+    sum_block: int = 0  # the slice sum's launch, by the elementwise rule (split > 1)
+    sum_warps: int = 0
+    # The TMA kernel.
+    a_layout: Layout | None = None
+    b_layout: Layout | None = None
+    programs: int = 0  # the persistent grid's programs at most: the SMs (or fewer, when there are fewer tiles)
+    store_halves: bool = False  # with a fixed tile; autotuned configs carry their own
+    warp_specialize: bool = False
+
+
+def describe(a: torch.Tensor, b: torch.Tensor) -> Meta:
+    """The Meta of a @ b: the only place a matmul asks the device, the call's settings or a pointer."""
+    tma_descriptors = tma_available(a.device)
+    return Meta(
+        a=_operand(a, tma_descriptors),
+        b=_operand(b, tma_descriptors),
+        dtype=a.dtype,
+        tf32_allowed=torch.backends.cuda.matmul.allow_tf32,
+        facts=device_facts(a.device),
+        tma_descriptors=tma_descriptors,
+    )
+
+
+def _operand(t: torch.Tensor, read_address: bool) -> Operand:
+    """t as a plan sees it.  Its address matters to a TMA descriptor only, so it is read only on a device that
+    has them, and only from a real CUDA tensor (a fake one, under tracing, has none); is_fake costs 1-3 µs a
+    tensor on the host, which other devices are spared.  Storage from outside PyTorch's allocator (from_blob,
+    DLPack) need not be aligned."""
+    aligned = not (read_address and t.device.type == "cuda" and not is_fake(t) and t.data_ptr() % TMA_ALIGNMENT)
+    return Operand(tuple(t.shape), tuple(t.stride()), t.storage_offset(), aligned)
+
+
+def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
+    """The plan of one call (see the module docstring for the order of the designs)."""
+    if meta.M * meta.N * meta.batch == 0:
+        return _plan(meta, EMPTY, tuning)
+    split = split_k(meta, tuning)
+    layouts = _tma_layouts(meta, split, tuning)
+    if layouts is not None:
+        return tma_plan(meta, *layouts, tuning)
+    return pointer_plan(meta, split, tuning)
+
+
+def programs_at_once(facts: DeviceFacts, tuning: Tuning = TUNING) -> int:
+    """Programs that fill the device once: its SMs, or the interpreter's few pretend ones."""
+    return facts.sm_count if facts.cuda else tuning.interpreter_programs
+
+
+def split_k(meta: Meta, tuning: Tuning = TUNING) -> int:
+    """How many slices K is split into: 1 (no split) unless C is too small to fill the GPU.
+
+    Split when C has at most half as many tiles as there are SMs; then into
+    as many slices as fill the SMs about once, each at least min_split_k
+    deep, at most max_split of them."""
+    if meta.facts.cuda:
+        (tile_m, tile_n), min_split_k = tuning.split_tile, tuning.min_split_k
+    else:
+        tile = tuning.interpreter_tile
+        (tile_m, tile_n), min_split_k = (tile.block_m, tile.block_n), tile.block_k
+    tiles = cdiv(meta.M, tile_m) * cdiv(meta.N, tile_n) * meta.batch
+    sms = programs_at_once(meta.facts, tuning)
+    if tiles * 2 > sms:  # at least half the SMs busy already
+        return 1
+    return max(1, min(sms // tiles, meta.K // min_split_k, tuning.max_split))
+
+
+def tma_layout(operand: Operand, element_size: int) -> Layout | None:
+    """The layout of a 2-D operand for a TMA descriptor, or None when none can describe it: a unit stride,
+    rows (columns) apart and not overlapping, the base and the leading stride TMA_ALIGNMENT-aligned."""
+    if (operand.storage_offset * element_size) % TMA_ALIGNMENT or not operand.address_aligned:
+        return None
+    shape, strides = operand.shape, operand.strides
+    for column_major, unit, leading in ((False, 1, 0), (True, 0, 1)):
+        apart = strides[leading] >= shape[unit] and (strides[leading] * element_size) % TMA_ALIGNMENT == 0
+        if strides[unit] == 1 and apart:
+            return Layout(column_major, strides[leading])
+    return None
+
+
+def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout] | None:
+    """The layouts of a and b for the TMA kernel, or None where it does not apply:
+    no TMA descriptors, batches, split K, 32- and 64-bit operands, small problems."""
+    if split > 1 or len(meta.a.shape) != 2 or len(meta.b.shape) != 2:
+        return None
+    if meta.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    size = meta.dtype.itemsize
+    if not meta.tma_descriptors or (meta.N * size) % TMA_ALIGNMENT:  # N: C's row stride
+        return None
+    tile = tuning.tma_min_tile if meta.facts.cuda else tuning.interpreter_tile.block_m
+    if cdiv(meta.M, tile) * cdiv(meta.N, tile) < programs_at_once(meta.facts, tuning):
+        return None
+    layout_a, layout_b = tma_layout(meta.a, size), tma_layout(meta.b, size)
+    return None if layout_a is None or layout_b is None else (layout_a, layout_b)
+
+
+def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
+    """A plan of `design` for meta's problem; on the interpreter, with its fixed tile and bfloat16 upcast."""
+    shape = (meta.batch, meta.M, meta.N) if meta.batched else (meta.M, meta.N)
+    interpreted = not meta.facts.cuda
+    return Plan(
+        design, shape, meta.M, meta.N, meta.K, meta.batch,
+        tile=tuning.interpreter_tile if interpreted else None,
+        upcast_operands=interpreted and meta.dtype == torch.bfloat16,
+        **launch,
+    )  # fmt: skip
+
+
+def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
+    """The pointer kernel with K in `split` slices (``split_k``'s count, or a test's)."""
+    launch = {"allow_tf32": meta.dtype == torch.float32 and meta.tf32_allowed, "split": split}
+    if split > 1:  # slices of a workspace in the accumulator's dtype, summed into C by the elementwise rule
+        sum_block, sum_warps = elementwise_config(meta.M * meta.N * meta.batch, torch.device(meta.facts.kind))
+        accumulator = torch.float64 if meta.dtype == torch.float64 else torch.float32
+        launch.update(accumulator=accumulator, sum_block=sum_block, sum_warps=sum_warps)
+    return _plan(meta, POINTER, tuning, **launch)
+
+
+def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, tuning: Tuning = TUNING) -> Plan:
+    """The TMA kernel on a persistent grid of one program per SM."""
+    launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
+    if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
+        launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)
+    return _plan(meta, TMA, tuning, **launch)
