@@ -33,9 +33,9 @@ from reference import TOLERANCE, rel_error
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.cross_entropy.op import cross_entropy_with_tuning
 from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
-from ops.matmul import op as matmul_module
+from ops.matmul import kernels as matmul_module
 from ops.softmax import op as softmax_module
-from ops.runtime.device import set_scratch_allocator, sm_count
+from ops.runtime.device import set_scratch_allocator, sm_count, tma_available
 from ops.runtime import launcher
 
 tk = torch.ops.tk
@@ -287,7 +287,7 @@ CONFIG_DRIFT = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: t
 def test_matmul_tile_configurations_agree(device, dtype):
     M, N, K = sized(device, (100, 70, 300), (1000, 1031, 4096))
     a, b = randn(device, M, K, dtype=dtype), randn(device, K, N, dtype=dtype)
-    configs = matmul_module._CONFIGS if device == "cuda" else CPU_CONFIGS
+    configs = matmul_module.CONFIGS if device == "cuda" else CPU_CONFIGS
     results = {}
     for config in configs:
         try:
@@ -329,9 +329,9 @@ def _matmul_tma_with(config, a, b):
 def test_matmul_tma_configurations_agree(dtype):
     """The TMA kernel's autotune candidates (Hopper and newer) against each other and the pointer kernel."""
     a, b = randn("cuda", 1000, 4096, dtype=dtype), randn("cuda", 4096, 1032, dtype=dtype)
-    if not matmul_module.tma_available(a.device):
+    if not tma_available(a.device):
         pytest.skip("needs a GPU with TMA (Hopper or newer)")
-    results = {"pointer kernel": _matmul_with(matmul_module._CONFIGS[0], a, b)}
-    for config in matmul_module._TMA_CONFIGS:
+    results = {"pointer kernel": _matmul_with(matmul_module.CONFIGS[0], a, b)}
+    for config in matmul_module.TMA_CONFIGS:
         results[str(config)] = _matmul_tma_with(config, a, b)
     _assert_configurations_agree(results, a, b, dtype)

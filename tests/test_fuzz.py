@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from reference import TOLERANCE, pytorch_gelu
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
-from ops.matmul import op as matmul_module
+from ops.matmul import kernels as matmul_module
 from ops.softmax import op as softmax_module
 
 tk = torch.ops.tk
@@ -407,7 +407,7 @@ def few_tile_configs():
     new (M, N, K) and dtype compiles and times every configuration; all of them
     are checked against each other in tests/test_determinism.py."""
     autotuned = matmul_module.matmul_kernel_autotuned
-    return mock.patch.object(autotuned, "configs", [matmul_module._CONFIGS[0], matmul_module._CONFIGS[-1]])
+    return mock.patch.object(autotuned, "configs", [matmul_module.CONFIGS[0], matmul_module.CONFIGS[-1]])
 
 
 def check_matmul(case, device):

@@ -11,7 +11,7 @@ from reference import assert_close
 
 from ops.runtime import device as _device, launch as _launch
 from ops import gelu as gelu_module
-from ops.matmul import op as matmul_module
+from ops.matmul import kernels as matmul_module
 from ops.runtime.launch import FastKernel, _hooks_in_use, direct_launch_plan, fast_kernel, specialization_key
 
 
