@@ -98,9 +98,7 @@ def run(plan: Plan, tensors) -> None:
     elif isinstance(plan, SplitPlan):
         _run_split(plan, tensors)
     else:
-        rows = plan.rows
-        words, overlap = held_rows_scratch(tensors[-1], rows.n_rows, plan.n_segments, overlapped=plan.overlapped)
-        launch_held(plan, tensors, words, overlap)
+        _run_held(plan, tensors)
 
 
 def _native_16bit(plan) -> dict:
@@ -144,6 +142,13 @@ def _scratch_partials(like: torch.Tensor, n_rows, n_segments: int, count: int) -
     compute in: float64 for float64 inputs (`like`, the first), else float32."""
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     return [torch.empty(n_rows, n_segments, dtype=dtype, device=like.device) for _ in range(count)]
+
+
+def _run_held(plan: HeldPlan, tensors) -> None:
+    """A scratch of one word a (row, segment), none published (filled by a kernel of its own,
+    see held_rows_scratch), then the held kernel over it."""
+    words, overlap = held_rows_scratch(tensors[-1], plan.rows.n_rows, plan.n_segments, overlapped=plan.overlapped)
+    launch_held(plan, tensors, words, overlap)
 
 
 def launch_held(plan: HeldPlan, tensors, words: torch.Tensor, overlap: dict) -> None:

@@ -3,7 +3,7 @@
 A call goes checks -> ``describe`` (its Meta) -> ``choose_plan`` (plan.py) ->
 ``run`` (launch.py).  ``forward`` and ``backward`` are the Python entry points
 the registered ops call with the default ``TUNING``; tests call them with a
-smaller Tuning, or with a plan of their own.
+smaller Tuning, or launch a plan of their own with ``run``.
 """
 
 import torch

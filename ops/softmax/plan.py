@@ -55,7 +55,7 @@ class HeldDesign:
 
 @dataclass(frozen=True)
 class Tuning:
-    """Every constant the plan uses.  "cuda" fields are for the GPU; "cpu_" fields for Triton's
+    """Every constant the plan uses.  Plain fields are for the GPU; cpu_ fields for Triton's
     interpreter, which has no registers, only per-program Python overhead, and runs one program
     after another.  Tests shrink the cpu_ fields (``dataclasses.replace(TUNING, ...)``) so that
     rows of a few hundred columns reach every design.  Numbers: H100, docs/perf-notes.md."""
