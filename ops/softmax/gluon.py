@@ -1,6 +1,6 @@
-"""Softmax's cooperative forward in Gluon: the next round's segment waits in shared memory.
+"""Softmax's held forward in Gluon: the next round's segment waits in shared memory.
 
-The cooperative forward (``softmax_forward_cooperative_kernel``) holds a row
+The held forward that publishes and then waits (``softmax_forward_cooperative_kernel``) holds a row
 segment on chip while the row's programs wait for each other, and loads the
 next round's segment early so that the memory keeps working during the
 wait.  Written in Triton, both segments live in registers: a 16-bit forward
@@ -34,8 +34,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
-# tl.max and tl.sum too): the same math, so the same partials.  ops/softmax.py
-# imports this module after defining them.
+# tl.max and tl.sum too): the same math, so the same partials.  launch.py imports
+# this module; where the import fails, the plan never picks these kernels (Meta.gluon).
 from ..blocks.fastmath import exp
 from ..blocks.held_rows import pack, poll, publish, unpack, wait_for_fill
 from .kernels import _block_max_exp, _combine_partials, _finite_or_zero, _rescale
@@ -78,7 +78,7 @@ def _as_float32(x, cols, n_cols, FULL: gl.constexpr):
 
 @gluon.jit
 def _row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK: gl.constexpr, layout: gl.constexpr):
-    """The row's partial words once all are published (see ops/_cooperative.py's poll).  SEGMENTS_BLOCK
+    """The row's partial words once all are published (see ops/blocks/held_rows.py's poll).  SEGMENTS_BLOCK
     is at least the program's threads, so `layout` gives each word one copy (see its words_block)."""
     segments = gl.arange(0, SEGMENTS_BLOCK, layout=layout)
     return _poll_words(words_ptr + row.to(gl.int64) * n_segments + segments, segments < n_segments, max_spins)
@@ -148,7 +148,7 @@ def softmax_forward_staged_kernel(
 
 
 # ---------------------------------------------------------------------------
-# Rows of more than 32 segments (ops/softmax.py, _AHEAD_PAST_SEGMENTS): publish a round ahead.
+# Rows of more than 32 segments (plan.py, Tuning.ahead_past_segments): publish a round ahead.
 # ---------------------------------------------------------------------------
 # Above, every program of a round waits for the slowest of the row's programs
 # before it writes; with 128 or 256 programs a row (rows of 1M or 2M columns)

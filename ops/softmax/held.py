@@ -88,12 +88,13 @@ def softmax_forward_cooperative_kernel(
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
     OVERLAPPED: tl.constexpr,
 ):
-    """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y.
+    """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y
+    (the plan's PUBLISH_THEN_WAIT).
 
     The segment's exp(x - segment max), computed for its sum, is kept rather
     than x: after the wait y is that times one factor, exp(segment max - row
     max) / row sum, with no second exp over the segment.  LOAD_NEXT: when the
-    next round's segment is loaded (see _next_load), to stream in while this
+    next round's segment is loaded (plan.py, Tuning.load_before_partial_segments), to stream in while this
     round works and waits: "before_partial" or "during_wait"."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
@@ -138,7 +139,7 @@ def softmax_forward_lagged_kernel(
     exp and sum) between publishing a row and needing that row's words, so
     the words are usually there when it looks.  The price is two segments'
     numerators in registers, which float32 affords on segments of 4096
-    columns (16-bit rows: see _COOPERATIVE_FORWARD)."""
+    columns (16-bit rows: see plan.py's Tuning)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
     seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments,

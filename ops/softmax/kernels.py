@@ -226,7 +226,7 @@ def softmax_backward_kernel(
     registers a 16-bit row needs: a 65536-column row spilled (12-35% of copy
     on an H100) where this form ran at 76-92%.  The products' rounding adds
     less error than PyTorch's own kernel has (relative 1.7e-3 against 2.3e-3
-    for bfloat16 at 65536 columns).  The cooperative backward rounds them the
+    for bfloat16 at 65536 columns).  The held backward rounds them the
     same way."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     offsets, read, write = _tile(n_rows, n_cols, inner, BLOCK_M, BLOCK_N)

@@ -1,24 +1,42 @@
 """softmax against a float64 reference: every design, dtypes, dims, odd shapes, empties, gradients.
 
 Each test runs on the CPU (the Triton kernels through the interpreter, small
-sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
+sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).  Tests
+that reach a design with small tensors call the op's Python entry points with a
+smaller Tuning (ops/softmax/plan.py); the plan rules are tested on Meta built
+for an H100 (ops.runtime.H100), so they run on any machine.
 """
 
-import re
-from types import SimpleNamespace
+import math
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from ptx_checks import assert_publishes_without_release, assert_waits_for_the_fill_before_the_scratch, build_for_hopper
-from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, pytorch_gelu, rel_error, strided_versions
+from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_error, strided_versions
 
-from ops import gelu as gelu_ops  # the modules, for their design constants
-from ops.matmul import op as matmul_ops
-from ops.softmax import op as softmax_ops
-from ops.blocks.alignment import column_multiple
-from ops.blocks import held_rows as cooperative
 from ops.blocks.held_rows import UNPUBLISHED, unpublished_words, words_block
+from ops.blocks.sizes import next_power_of_2
+from ops.runtime import H100, INTERPRETER, DeviceFacts
+from ops.runtime.direct import run_direct
+from ops.softmax import launch as softmax_launch, op as softmax_op
+from ops.softmax.plan import (
+    BACKWARD,
+    FORWARD,
+    LAGGED,
+    PUBLISH_THEN_WAIT,
+    STAGED,
+    STAGED_AHEAD,
+    TUNING,
+    BlockPlan,
+    HeldPlan,
+    LoopedPlan,
+    Meta,
+    Rows,
+    SplitPlan,
+    choose_plan,
+)
 
 
 def pick(device, cpu, cuda):
@@ -141,13 +159,12 @@ def test_softmax_with_a_dtype_matches_float64(device, x_dtype, dtype):
             if layout == "contiguous" or shape[0] < 100:
                 check_softmax_with_dtype(torch.ops.tk.softmax, view, dim, dtype)
 
-
 def test_softmax_reads_a_16bit_x_as_it_is_for_a_float32_result():
     """No float32 copy of x: the kernels get the 16-bit x and a float32 y."""
     seen = []
-    launch = softmax_ops._launch
+    run = softmax_op.run
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(softmax_ops, "_launch", lambda kernels, tensors, *a: (seen.append(tensors), launch(kernels, tensors, *a)))
+        patch.setattr(softmax_op, "run", lambda plan, tensors: (seen.append(tensors), run(plan, tensors)))
         x = torch.randn(3, 40, dtype=torch.bfloat16)
         y = torch.ops.tk.softmax(x, -1, torch.float32)
         torch.ops.tk.softmax(x.float(), -1, torch.bfloat16)
@@ -157,15 +174,16 @@ def test_softmax_reads_a_16bit_x_as_it_is_for_a_float32_result():
 
 
 @pytest.mark.parametrize("x_dtype, dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float16)])
-def test_softmax_with_a_dtype_in_every_design(small_blocks, launched, monkeypatch, x_dtype, dtype):
+def test_softmax_with_a_dtype_in_every_design(launched, x_dtype, dtype):
     """Every design writes its result in a dtype other than its inputs'.  Rows held on chip take
-    the setup of the widest dtype: a 16-bit x with a float32 y, the float32 kernels both ways."""
-    held = "lagged" if dtype == torch.float32 else "cooperative"  # a float32 x is cast to float16 first
+    the design of the widest dtype: a 16-bit x with a float32 y, the float32 kernels both ways."""
+    held = "lagged" if dtype == torch.float32 else "publish_then_wait"  # a float32 x is cast to float16 first
     for shape, design in [((37, 10), "single"), ((9, 70), "looped"), ((3, 120), "split"), ((5, 100), held)]:
-        monkeypatch.setitem(softmax_ops._COOPERATIVE_ROWS, "cpu", design == held)
         launched.clear()
-        check_softmax_with_dtype(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(x_dtype), -1, dtype)
+        softmax = tuned(replace(SMALL, cpu_held_rows=design == held))
+        check_softmax_with_dtype(softmax, (4 * torch.randn(shape)).to(x_dtype), -1, dtype)
         assert launched == DESIGN_KERNELS[design], (shape, launched)
+
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -187,50 +205,87 @@ def test_softmax_with_a_dtype_passes_opcheck():
     torch.library.opcheck(torch.ops.tk.softmax_backward.default, (grad, y, -1, torch.bfloat16))
 
 
-# ---------------------------------------------------- softmax: split rows
+# ------------------------------------------------ softmax: the designs and their plan
 #
-# The CPU constants shrunk so that rows of a few hundred columns take every
-# design: blocks of at most 64 columns, chunks of 16, segments of at least 32,
-# and about 8 programs.  `launched` records which kernels ran, so that each
-# test checks it reached the design it means to test.
+# SMALL shrinks the CPU constants so that rows of a few hundred columns take
+# every design: blocks of at most 64 columns, chunks of 16, segments of at least
+# 32, and about 8 programs; short rows stacked into tiles of up to 256 elements.
+# `launched` records which kernels ran, so that each test checks it reached the
+# design it means to test.
+
+SMALL = replace(TUNING, cpu_max_block=64, cpu_chunk=16, min_segment_chunks=2, cpu_programs=8, cpu_row_tile=256)
+# Rows held across programs on CPU too (segments of 32 columns, 8 programs).  The
+# interpreter runs programs one at a time, so each computes its row's partials
+# itself: the path a GPU program takes when the others do not come.
+SMALL_HELD = replace(SMALL, cpu_held_rows=True)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    monkeypatch.setitem(softmax_ops._MAX_BLOCK, "cpu", 64)
-    monkeypatch.setitem(softmax_ops._CHUNK, "cpu", 16)
-    monkeypatch.setattr(softmax_ops, "_MIN_SEGMENT_CHUNKS", 2)
-    monkeypatch.setattr(softmax_ops, "_CPU_PROGRAMS", 8)
-    monkeypatch.setitem(softmax_ops._ROW_TILE, "cpu", 256)  # short rows: tiles of up to 256 elements
+class _TunedSoftmax(torch.autograd.Function):
+    """tk's softmax through its Python entry points with a given Tuning, and the registered
+    op's gradient: backward(dy, y, dim, x's dtype) with the same Tuning."""
+
+    @staticmethod
+    def forward(ctx, x, dim, dtype, tuning):
+        y = softmax_op.forward(x, dim, dtype, tuning=tuning)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.input_dtype, ctx.tuning = dim, x.dtype, tuning
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return softmax_op.backward(grad, y, ctx.dim, ctx.input_dtype, tuning=ctx.tuning), None, None, None
+
+
+def tuned(tuning):
+    """softmax(x, dim, dtype=None) planned with `tuning`'s constants, forward and backward."""
+    return lambda x, dim, dtype=None: _TunedSoftmax.apply(x, dim, dtype, tuning)
+
+
+def kernel_name(kernel) -> str:
+    """A kernel's name, through the wrappers around it (a register cap's autotuner, a JIT function)."""
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return kernel.__name__
 
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The names of the softmax kernels launched, in order (the three launch helpers spied on)."""
+    """The names of the softmax kernels launched, in order (launch.py's launcher spied on;
+    the scratch fills, launched by ops/blocks/held_rows.py, are not listed).  Taking
+    monkeypatch also keeps the native lane out, so every call runs the body."""
     names = []
+    launch = softmax_launch.launcher
 
-    def spy_on(helper, name_of):
-        run = getattr(softmax_ops, helper)
+    def spy(kernel, like):
+        names.append(kernel_name(kernel))
+        return launch(kernel, like)
 
-        def spy(kernel, *args, **kwargs):
-            names.append(name_of(kernel))
-            return run(kernel, *args, **kwargs)
-
-        monkeypatch.setattr(softmax_ops, helper, spy)
-
-    spy_on("_run", lambda kernel: kernel.__name__)
-    spy_on("_run_rows", lambda kernel: kernel.__name__)
-    spy_on("_run_cooperative", lambda setup: setup.kernel.fn.__name__)
-    spy_on("_run_staged", lambda setup: setup.kernel.fn.__name__)
+    monkeypatch.setattr(softmax_launch, "launcher", spy)
     return names
 
 
-@pytest.fixture
-def cooperative_rows(monkeypatch):
-    """Rows held across programs on CPU too (segments of 32 columns, 8 programs).
-    The interpreter runs programs one at a time, so each computes its row's
-    partials itself: the path a GPU program takes when the others do not come."""
-    monkeypatch.setitem(softmax_ops._COOPERATIVE_ROWS, "cpu", True)
+def eagerly(fn, *args, **kwargs):
+    """fn(*args, **kwargs) run as an eager call of a tk op runs its body: kernels launched
+    directly, so the plan may take the designs of eager launches (the Gluon forwards, a
+    kernel that starts while its scratch fill runs)."""
+    return run_direct(fn, args, kwargs)
+
+
+def replanned(direction, inputs, dim, **changes):
+    """The output of an eager call over contiguous `inputs` ((x,) forward, (dy, y) backward)
+    along `dim`, launched with the plan it gets changed by `changes` (dataclasses.replace)."""
+    out = torch.empty_like(inputs[-1])
+    dim = dim % out.dim()
+    n_cols, inner = out.shape[dim], math.prod(out.shape[dim + 1 :])
+    tensors = (*inputs, out)
+
+    def body():
+        plan = choose_plan(softmax_op.describe(direction, tensors, n_cols, inner))
+        softmax_launch.run(replace(plan, **changes), tensors)
+
+    run_direct(body, (), {})
+    return out
 
 
 DESIGN_KERNELS = {  # forward, then backward
@@ -242,7 +297,7 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_partial_dot_kernel",
         "softmax_backward_segments_kernel",
     ],
-    "cooperative": ["softmax_forward_cooperative_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
+    "publish_then_wait": ["softmax_forward_cooperative_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
     "lagged": ["softmax_forward_lagged_kernel", "softmax_backward_lagged_kernel"],  # float32 rows
     "staged": ["softmax_forward_staged_kernel", "softmax_backward_lagged_kernel"],  # the Gluon forward
     "staged_ahead": ["softmax_forward_staged_ahead_kernel", "softmax_backward_lagged_kernel"],  # its longest rows
@@ -251,28 +306,35 @@ DESIGN_KERNELS = {  # forward, then backward
 
 def held_design(dtype) -> str:
     """The design of rows held on chip across programs, by dtype (float64 has none)."""
-    return "lagged" if dtype == torch.float32 else "cooperative"
+    return "lagged" if dtype == torch.float32 else "publish_then_wait"
 
 
 def staged_forward_here() -> bool:
-    """Whether eager forwards of long, aligned rows take the Gluon kernel on this GPU (see ops/_softmax_gluon.py)."""
-    return softmax_ops._softmax_gluon is not None and torch.cuda.get_device_capability()[0] >= 9
+    """Whether eager forwards of long, aligned rows take the Gluon kernel on this GPU (see ops/softmax/gluon.py)."""
+    return softmax_launch.HAS_GLUON and torch.cuda.get_device_capability()[0] >= 9
 
 
 def staged_design(n_cols: int) -> str:
-    """Which Gluon forward an aligned row of 16-bit x and y takes: past 64 segments, the one publishing ahead."""
-    return "staged_ahead" if n_cols > softmax_ops._AHEAD_PAST_SEGMENTS * 8192 else "staged"
+    """Which Gluon forward an aligned row of 16-bit x and y takes: past ahead_past_segments
+    segments of the staged kernel's, the one publishing ahead."""
+    return "staged_ahead" if n_cols > TUNING.ahead_past_segments * TUNING.staged.setup.segment else "staged"
 
 
-def test_softmax_short_rows_rule(monkeypatch):
-    """Short rows stack into tiles of up to _ROW_TILE elements, but the grid keeps
-    _target_programs programs (4 an SM); long rows keep a program each."""
-    monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)  # an H100: at least 528 programs
-    assert softmax_ops._ROW_TILE["cuda"] == 1024  # the numbers below follow from it
-    cuda = torch.device("cuda", 0)
+def h100_plan(n_rows, n_cols, element_size=2, direction=FORWARD, tuning=TUNING, **context):
+    """The plan of rows along the last dim, inputs and output of one element size, on an H100."""
+    meta = Meta(direction, n_rows, n_cols, 1, element_size, element_size, H100, **context)
+    return choose_plan(meta, tuning)
+
+
+def test_softmax_short_rows_rule():
+    """Short rows stack into tiles of up to row_tile elements, but the grid keeps
+    the target of programs (4 an SM); long rows keep a program each."""
+    assert TUNING.row_tile == 1024 and TUNING.programs_per_sm == 4  # the numbers below follow from them
 
     def rows(n_rows, n_cols):
-        return softmax_ops._rows_per_program(n_rows, softmax_ops.next_power_of_2(n_cols), cuda)
+        plan = h100_plan(n_rows, n_cols)
+        assert isinstance(plan, BlockPlan) and plan.block_n == next_power_of_2(n_cols)
+        return plan.block_m
 
     assert rows(65536, 128) == 8  # the tile: 8192 programs, where one row each ran 65536
     assert rows(16384, 64) == 16
@@ -282,28 +344,43 @@ def test_softmax_short_rows_rule(monkeypatch):
     assert rows(4096, 1024) == rows(4096, 16384) == 1
     for n_rows in [1, 3, 100, 4096, 10**6]:
         for n_cols in [1, 7, 128, 1000, 5000]:
-            block = softmax_ops.next_power_of_2(n_cols)
-            per_program = rows(n_rows, n_cols)
+            plan = h100_plan(n_rows, n_cols)
+            per_program, block = plan.block_m, plan.block_n
             assert per_program & (per_program - 1) == 0  # a power of two: a tl.arange length
             assert per_program * block <= max(1024, block)
             assert per_program == 1 or n_rows // per_program >= 528
+            assert plan.grid == (math.ceil(n_rows / per_program),)
 
 
-def test_softmax_split_rule(monkeypatch):
-    monkeypatch.setattr(softmax_ops, "_sm_count", lambda index: 132)  # an H100
-    cuda = torch.device("cuda", 0)
-    assert softmax_ops._CHUNK["cuda"] == 16384  # the numbers below follow from it
-    assert softmax_ops._split(64, 1 << 20, cuda) == (8, 131072)  # 9 wanted (528 programs); whole chunks leave 8
-    assert softmax_ops._split(256, 262144, cuda) == (3, 98304)
-    assert softmax_ops._split(1, 1 << 20, cuda) == (16, 65536)  # no segment below 4 chunks
-    assert softmax_ops._split(1024, 65536, cuda)[0] == 1  # enough rows: one program per row
-    assert softmax_ops._split(4, 20000, cuda)[0] == 1  # too short to split
-    assert softmax_ops._split(2, 1 << 20, torch.device("cpu")) == (4, 262144)
+def test_softmax_split_rule():
+    """Rows past a block, read twice: cut into segments while too few rows would fill the GPU."""
+    read_twice = replace(TUNING, held_rows=False)  # as float64 rows, and rows too long to hold, are
+    assert TUNING.chunk == 16384  # the numbers below follow from it
+
+    def split(n_rows, n_cols, facts=H100, tuning=read_twice):
+        plan = choose_plan(Meta(FORWARD, n_rows, n_cols, 1, 2, 2, facts), tuning)
+        if isinstance(plan, LoopedPlan):
+            return 1, None
+        assert isinstance(plan, SplitPlan) and plan.grid == (n_rows, plan.n_segments)
+        return plan.n_segments, plan.segment_len
+
+    assert split(64, 1 << 20) == (8, 131072)  # 9 wanted (528 programs); whole chunks leave 8
+    assert split(256, 262144) == (3, 98304)
+    assert split(1, 1 << 20) == (16, 65536)  # no segment below 4 chunks
+    assert split(1024, 65536)[0] == 1  # enough rows: one program per row
+    assert split(4, 40000)[0] == 1  # too short to split
+    assert split(2, 1 << 20, INTERPRETER) == (4, 262144)
+    float64 = choose_plan(Meta(FORWARD, 64, 1 << 20, 1, 8, 8, H100))  # no held design: split by default
+    assert isinstance(float64, SplitPlan) and (float64.n_segments, float64.segment_len) == (8, 131072)
+    shorter_block = replace(read_twice, max_block=16384)  # rows of 16385 columns past a block too
     for n_rows in [1, 3, 64, 600]:
         for n_cols in [16385, 65536, 100_003, 1 << 20]:
-            n_segments, segment_len = softmax_ops._split(n_rows, n_cols, cuda)
-            assert segment_len % softmax_ops._CHUNK["cuda"] == 0  # whole chunks
-            assert (n_segments - 1) * segment_len < n_cols <= n_segments * segment_len  # none empty, all covered
+            plan = choose_plan(Meta(FORWARD, n_rows, n_cols, 1, 2, 2, H100), shorter_block)
+            assert isinstance(plan, (LoopedPlan, SplitPlan)) and plan.chunk == 16384 and plan.warps == 32
+            if isinstance(plan, SplitPlan):
+                assert plan.segment_len % plan.chunk == 0  # whole chunks
+                assert (plan.n_segments - 1) * plan.segment_len < n_cols <= plan.n_segments * plan.segment_len
+                assert plan.segments_block >= plan.n_segments
 
 
 def check_softmax_and_gradient(softmax, x, dim):
@@ -321,8 +398,9 @@ def check_softmax_and_gradient(softmax, x, dim):
     return y.detach(), grad, x_tk.grad
 
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_designs_match_float64(small_blocks, launched, dtype):
+def test_softmax_designs_match_float64(launched, dtype):
     cases = [
         ((3, 120), -1, "split"),  # segments of 48, 48 and 24 columns: the row ends inside a chunk
         ((2, 128), -1, "split"),  # 4 segments of 32 exactly
@@ -336,14 +414,14 @@ def test_softmax_designs_match_float64(small_blocks, launched, dtype):
     ]
     for shape, dim, design in cases:
         launched.clear()
-        check_softmax_and_gradient(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(dtype), dim)
+        check_softmax_and_gradient(tuned(SMALL), (4 * torch.randn(shape)).to(dtype), dim)
         assert launched == DESIGN_KERNELS[design], shape
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_softmax_split_rows_with_minus_inf_and_extreme_values(small_blocks, launched, monkeypatch, dtype):
+def test_softmax_split_rows_with_minus_inf_and_extreme_values(launched, dtype):
     # 8 rows (7 in the backward) of 3 segments: columns [0, 80), [80, 160) and [160, 200).
-    monkeypatch.setattr(softmax_ops, "_CPU_PROGRAMS", 21)
+    tuning = replace(SMALL, cpu_programs=21)
     x = torch.randn(8, 200, dtype=dtype)
     x[0] = -float("inf")  # all -inf: NaN, as in torch.softmax
     x[1, :80] = -float("inf")  # the first segment all -inf
@@ -353,25 +431,25 @@ def test_softmax_split_rows_with_minus_inf_and_extreme_values(small_blocks, laun
     x[5] = x[5] * 1e30  # huge values: each segment's max far from the others'
     x[6, 150] = 1e38  # one value dominates
     x[7] = x[7] - 1e4  # far below 0: a padding lane of the partials must not count as 0
-    y = torch.ops.tk.softmax(x, -1)
+    y = softmax_op.forward(x, -1, tuning=tuning)
     torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
     assert y[0].isnan().all() and not y[1:].isnan().any()
     grad, y = torch.randn_like(x[1:]), y[1:]
-    dx = torch.ops.tk.softmax_backward(grad, y, -1)
+    dx = softmax_op.backward(grad, y, -1, tuning=tuning)
     y64 = y.double()
     assert_close(dx, y64 * (grad - (grad * y64).sum(-1, keepdim=True)), dtype)
     assert launched == DESIGN_KERNELS["split"]
 
 
-def test_softmax_split_gradcheck(small_blocks, launched):
+def test_softmax_split_gradcheck(launched):
     for shape, dim in [((2, 100), -1), ((100, 2), 0)]:  # 3 segments: 48, 48 and 4 columns
         x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda t: torch.ops.tk.softmax(t, dim), (x,), fast_mode=True)
+        assert torch.autograd.gradcheck(lambda t: tuned(SMALL)(t, dim), (x,), fast_mode=True)
     assert set(launched) == set(DESIGN_KERNELS["split"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_cooperative_rows_match_float64(small_blocks, cooperative_rows, launched, dtype):
+def test_softmax_held_rows_match_float64(launched, dtype):
     cases = [  # 8 programs, segments of 32 columns
         ((5, 100), -1),  # 4 segments, the last of 4 columns; 2 rows a round, 3 rounds
         ((3, 256), -1),  # 8 segments exactly: one row a round
@@ -381,12 +459,12 @@ def test_softmax_cooperative_rows_match_float64(small_blocks, cooperative_rows, 
     ]
     for shape, dim in cases:
         launched.clear()
-        check_softmax_and_gradient(torch.ops.tk.softmax, (4 * torch.randn(shape)).to(dtype), dim)
-        expected = DESIGN_KERNELS[held_design(dtype) if dtype != torch.float64 else "split"]  # no float64 setup
+        check_softmax_and_gradient(tuned(SMALL_HELD), (4 * torch.randn(shape)).to(dtype), dim)
+        expected = DESIGN_KERNELS[held_design(dtype) if dtype != torch.float64 else "split"]  # no float64 design
         assert launched == expected, (shape, launched)
 
 
-def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks, cooperative_rows, launched):
+def test_softmax_held_rows_with_minus_inf_and_extreme_values(launched):
     x = torch.randn(8, 100)  # segments [0, 32), [32, 64), [64, 96), [96, 100)
     x[0] = -float("inf")  # all -inf: NaN, as in torch.softmax
     x[1, :32] = -float("inf")  # a whole segment -inf
@@ -396,38 +474,37 @@ def test_softmax_cooperative_rows_with_minus_inf_and_extreme_values(small_blocks
     x[5, 50] = 1e38  # one value dominates
     x[6] = x[6] - 1e4  # far below 0: a padding lane of the partials must not count as 0
     x[7, :32], x[7, 32:] = -float("inf"), x[7, 32:] - 1e4  # exp(0 - row max) of the -inf segment overflows
-    y = torch.ops.tk.softmax(x, -1)
+    y = softmax_op.forward(x, -1, tuning=SMALL_HELD)
     torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)
     assert y[0].isnan().all() and not y[1:].isnan().any()
     assert launched == DESIGN_KERNELS["lagged"][:1]
 
 
-def _held_setup(direction, element_size):
-    """The _Cooperative setup of rows held across programs for a direction and element size."""
-    return {"forward": softmax_ops._COOPERATIVE_FORWARD, "backward": softmax_ops._COOPERATIVE_BACKWARD}[direction][element_size]
+def triton_held_design(direction, element_size):
+    """Tuning's held design in Triton for a direction and the widest element size."""
+    forward = direction == FORWARD
+    if element_size == 2:
+        return TUNING.forward_16bit if forward else TUNING.backward_16bit
+    return TUNING.forward_float32 if forward else TUNING.backward_float32
 
 
-def _cooperative_twice(kernel_name, tensors, n_cols, load_next):
-    """Launch a cooperative kernel on CPU twice over the same scratch: first no
-    program waits (each computes and publishes; the last of a row finds the
-    others' words), then every program finds all words of its rows published
-    and combines those.  Both outputs, and the words the first launch published."""
+def _held_twice(direction, tensors, n_cols, load_next):
+    """Launch a held plan on CPU twice over the same scratch: first no program
+    waits (each computes and publishes; the last of a row finds the others'
+    words), then every program finds all words of its rows published and
+    combines those.  Both outputs, and the words the first launch published."""
     n_rows = tensors[-1].numel() // n_cols
-    setup = _held_setup(kernel_name, tensors[-1].element_size())
-    n_segments, rows_at_once = softmax_ops._cooperative_plan(setup, n_rows, n_cols, torch.device("cpu"))
-    words = unpublished_words(tensors[-1], n_rows, n_segments)
-    flags = {"NATIVE_16BIT": False} if kernel_name == "backward" else {}
-    flags["COL_MULTIPLE"] = column_multiple(n_cols)
-    if not setup.lagged:
-        flags["LOAD_NEXT"] = load_next
+    meta = Meta(direction, n_rows, n_cols, 1, tensors[0].element_size(), tensors[-1].element_size(), INTERPRETER)
+    plan = choose_plan(meta, SMALL_HELD)
+    assert isinstance(plan, HeldPlan) and plan.segment == SMALL_HELD.cpu_segment
+    assert (plan.load_next is None) == (load_next is None)
+    if load_next is not None:
+        plan = replace(plan, load_next=load_next)
+    words = unpublished_words(tensors[-1], n_rows, plan.n_segments)
     outputs, published = [], None
     for max_spins in (0, 1):
         tensors[-1].fill_(float("nan"))
-        softmax_ops.launcher(setup.kernel, tensors[-1])[(rows_at_once * n_segments,)](
-            *tensors, words, n_rows, n_cols, 1, n_segments, rows_at_once, max_spins,
-            SEGMENT=softmax_ops._CPU_SEGMENT, SEGMENTS_BLOCK=words_block(setup.warps, n_segments), OVERLAPPED=False,
-            **flags,
-        )
+        softmax_launch.launch_held(replace(plan, max_spins=max_spins), tensors, words, {"OVERLAPPED": False})
         outputs.append(tensors[-1].clone())
         published = words.clone() if published is None else published
     assert torch.equal(words, published)  # the second launch published the same words again
@@ -444,16 +521,18 @@ def _unpacked(words):
     return halves[..., 1], halves[..., 0]  # little-endian: the lower half first
 
 
+
 LOAD_PLACES = ("before_partial", "during_wait")  # the 16-bit forward's (the lagged kernels take none)
 
 
 def _load_places(direction, dtype):
-    """The load places to try for a direction's setup: one run (no place) for a lagged kernel."""
-    return (None,) if _held_setup(direction, torch.empty((), dtype=dtype).element_size()).lagged else LOAD_PLACES
+    """The load places to try for a direction's design: one run (no place) for a lagged kernel."""
+    design = triton_held_design(direction, torch.empty((), dtype=dtype).element_size())
+    return (None,) if design.family == LAGGED else LOAD_PLACES
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two setups of each direction
-def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks, cooperative_rows, dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two designs of each direction
+def test_softmax_held_published_partials_give_the_same_bits(dtype):
     """The path a GPU takes when all programs run at once (partials read from the
     scratch) and the one it takes when they do not (computed here): same bits,
     wherever the next round's loads are issued, and whether a program publishes
@@ -463,11 +542,11 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
     x[2, 40:70] = float("nan")  # a NaN partial: its word must still count as published
     grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
     forward, backward = [], []
-    for load_next in _load_places("forward", dtype):
-        outputs, forward_words = _cooperative_twice("forward", (x, torch.empty_like(x)), 100, load_next)
+    for load_next in _load_places(FORWARD, dtype):
+        outputs, forward_words = _held_twice(FORWARD, (x, torch.empty_like(x)), 100, load_next)
         forward += outputs
-    for load_next in _load_places("backward", dtype):
-        outputs, backward_words = _cooperative_twice("backward", (grad, y, torch.empty_like(y)), 100, load_next)
+    for load_next in _load_places(BACKWARD, dtype):
+        outputs, backward_words = _held_twice(BACKWARD, (grad, y, torch.empty_like(y)), 100, load_next)
         backward += outputs
     assert all(_same_bits(out, forward[0]) for out in forward[1:])
     assert all(_same_bits(out, backward[0]) for out in backward[1:])
@@ -477,10 +556,10 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
     y64, grad64 = y.double()[finite], grad.double()[finite]
     assert_close(backward[0][finite], y64 * (grad64 - (grad64 * y64).sum(-1, keepdim=True)), dtype)
 
-    # Every word published, and it holds its segment's partial (segments of _CPU_SEGMENT columns).
+    # Every word published, and it holds its segment's partial (segments of cpu_segment columns).
     assert (forward_words != UNPUBLISHED.value).all()
     assert (backward_words != UNPUBLISHED.value).all()
-    segment = softmax_ops._CPU_SEGMENT
+    segment = SMALL_HELD.cpu_segment
     padded = F.pad(x.double(), (0, 128 - 100), value=-float("inf")).view(5, -1, segment)
     segment_max = padded.amax(-1)
     word_max, word_sum = _unpacked(forward_words)
@@ -492,62 +571,76 @@ def test_softmax_cooperative_published_partials_give_the_same_bits(small_blocks,
     torch.testing.assert_close(word_dot[finite].double(), dots[finite], rtol=1e-2, atol=1e-3)
 
 
-def test_softmax_cooperative_next_load_rule():
+def test_softmax_held_next_load_rule():
     """The 16-bit forward loads the next round before the partial in rows of up to
-    32 segments, during the wait in longer ones; the other setups publish a round ahead."""
-    assert [softmax_ops._next_load(n) for n in (1, 8, 32, 33, 128)] == ["before_partial"] * 3 + ["during_wait"] * 2
-    forward, backward = softmax_ops._COOPERATIVE_FORWARD, softmax_ops._COOPERATIVE_BACKWARD
-    assert not forward[2].lagged and forward[4].lagged and backward[2].lagged and backward[4].lagged
+    32 segments, during the wait in longer ones; the other designs publish a round ahead."""
+
+    def load_next(n_segments, element_size=2, direction=FORWARD):
+        plan = h100_plan(3, n_segments * 8192, element_size, direction)
+        assert isinstance(plan, HeldPlan) and plan.n_segments == n_segments * 8192 // plan.segment
+        return plan.load_next
+
+    assert [load_next(n) for n in (5, 8, 32, 33, 128)] == ["before_partial"] * 3 + ["during_wait"] * 2
+    assert load_next(8, 4) is load_next(8, 2, BACKWARD) is load_next(8, 4, BACKWARD) is None
+    assert TUNING.forward_16bit.family == PUBLISH_THEN_WAIT
+    assert TUNING.forward_float32.family == TUNING.backward_16bit.family == TUNING.backward_float32.family == LAGGED
 
 
-def test_softmax_cooperative_rule(monkeypatch):
+def test_softmax_held_rule():
     """The grid is what the GPU runs at once; the rows are spread evenly over rounds."""
-    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
-    from ops.runtime.device import resident_programs_per_sm
+    assert H100.resident_programs_per_sm(8, 80) == 3  # 65536 registers // (80 * 256)
+    assert H100.resident_programs_per_sm(8, 128) == 2
+    assert H100.resident_programs_per_sm(2, 32) == 32  # the thread limit: 2048 // 64
+    # One-warp programs: the warps that fit, rounded down to a multiple of 4 (measured on an H100:
+    # at 144 and 120 registers, plans of 14 and 17 an SM left rows waiting on programs never run).
+    one_warp = [H100.resident_programs_per_sm(1, r) for r in (96, 120, 128, 144, 160, 80, 72)]
+    assert one_warp == [20, 16, 16, 12, 12, 24, 28]
+    assert H100.resident_programs_per_sm(1, 140) == 12  # 140 registers are given as 144 (units of 256 a warp)
+    assert H100.resident_programs_per_sm(2, 144) == 6
+    bf16, fp32 = TUNING.forward_16bit.setup, TUNING.forward_float32.setup
+    backward_fp32 = TUNING.backward_float32.setup
+    assert (bf16.segment, fp32.segment, backward_fp32.segment) == (8192, 4096, 2048)  # the numbers below follow
 
-    resident_programs_per_sm.cache_clear()
-    try:
-        assert resident_programs_per_sm(0, 8, 80) == 3  # 65536 registers // (80 * 256)
-        assert resident_programs_per_sm(0, 8, 128) == 2
-        assert resident_programs_per_sm(0, 2, 32) == 32  # the thread limit: 2048 // 64
-        # One-warp programs: the warps that fit, rounded down to a multiple of 4 (measured on an H100:
-        # at 144 and 120 registers, plans of 14 and 17 an SM left rows waiting on programs never run).
-        one_warp = [resident_programs_per_sm(0, 1, r) for r in (96, 120, 128, 144, 160, 80, 72)]
-        assert one_warp == [20, 16, 16, 12, 12, 24, 28]
-        assert resident_programs_per_sm(0, 1, 140) == 12  # 140 registers are given as 144 (units of 256 a warp)
-        assert resident_programs_per_sm(0, 2, 144) == 6
-        monkeypatch.setattr(cooperative, "sm_count", lambda index: 132)
-        cuda = torch.device("cuda", 0)
-        bf16, fp32 = softmax_ops._COOPERATIVE_FORWARD[2], softmax_ops._COOPERATIVE_FORWARD[4]
-        backward_bf16, backward_fp32 = softmax_ops._COOPERATIVE_BACKWARD[2], softmax_ops._COOPERATIVE_BACKWARD[4]
-        assert (bf16.segment, fp32.segment, backward_fp32.segment) == (8192, 4096, 2048)  # the numbers below follow
-        assert softmax_ops._cooperative_plan(bf16, 1024, 65536, cuda) == (8, 49)  # 396 programs: 21 rounds of 49 rows
-        assert softmax_ops._cooperative_plan(fp32, 1024, 65536, cuda) == (16, 32)  # 528 programs: 32 rounds of 32
-        assert softmax_ops._cooperative_plan(backward_bf16, 1024, 40000, cuda) == (10, 52)  # 528 // 10 rows, 20 rounds
-        assert softmax_ops._cooperative_plan(backward_fp32, 1024, 40000, cuda) == (20, 32)  # 660 programs (5 an SM)
-        assert softmax_ops._cooperative_plan(bf16, 64, 1 << 20, cuda) == (128, 3)  # 3 rows at once: 22 rounds
-        assert softmax_ops._cooperative_plan(fp32, 5, 40000, cuda) == (10, 5)  # fewer rows than the grid holds
-        assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192, cuda) == (396, 1)  # the longest row held
-        assert softmax_ops._cooperative_plan(bf16, 8, 396 * 8192 + 1, cuda) is None  # longer: split rows
-        assert softmax_ops._cooperative_plan(bf16, 8, 1 << 20, torch.device("cpu")) is None  # off on CPU
-        assert 8 not in softmax_ops._COOPERATIVE_FORWARD  # float64 keeps the other designs
-        assert resident_programs_per_sm(0, 8, 64, 32768) == 4  # registers bind: 65536 // (64 * 256)
-        assert resident_programs_per_sm(0, 8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
-        # A row's words: one copy a thread at least (8 warps: 256 lanes), a power of two.
-        assert [words_block(bf16.warps, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
-        if softmax_ops._STAGED_FORWARD:  # the Gluon forward, 16-bit only: 4 an SM
-            assert set(softmax_ops._STAGED_FORWARD) == {2}
-            assert softmax_ops._cooperative_plan(softmax_ops._STAGED_FORWARD[2], 1024, 65536, cuda) == (8, 64)  # 528
-            ahead = softmax_ops._STAGED_AHEAD_FORWARD  # 8 an SM: 1056 programs, 4 rows of 256 segments at once
-            assert softmax_ops._cooperative_plan(ahead, 64, 1 << 20, cuda) == (256, 4)
-    finally:
-        resident_programs_per_sm.cache_clear()
+    def held(n_rows, n_cols, element_size=2, direction=FORWARD, **context):
+        plan = h100_plan(n_rows, n_cols, element_size, direction, **context)
+        return (plan.n_segments, plan.rows_at_once) if isinstance(plan, HeldPlan) else None
+
+    assert held(1024, 65536) == (8, 49)  # 396 programs: 21 rounds of 49 rows
+    assert held(1024, 65536, 4) == (16, 32)  # 528 programs: 32 rounds of 32
+    assert held(1024, 40000, 2, BACKWARD) == (10, 52)  # 528 // 10 rows, 20 rounds
+    assert held(1024, 40000, 4, BACKWARD) == (20, 32)  # 660 programs (5 an SM)
+    assert held(64, 1 << 20) == (128, 3)  # 3 rows at once: 22 rounds
+    assert held(5, 40000, 4) == (10, 5)  # fewer rows than the grid holds
+    assert held(8, 396 * 8192) == (396, 1)  # the longest row held
+    assert held(8, 396 * 8192 + 1) is None  # longer: split rows
+    assert isinstance(h100_plan(8, 396 * 8192 + 1), SplitPlan)
+    assert held(8, 1 << 20, 8) is None  # float64 keeps the other designs
+    assert held(8, 1 << 20, tuning=replace(TUNING, held_rows=False)) is None  # held rows off
+    off_on_cpu = choose_plan(Meta(FORWARD, 8, 1 << 20, 1, 2, 2, INTERPRETER))
+    assert not isinstance(off_on_cpu, HeldPlan)  # off on CPU
+    assert H100.resident_programs_per_sm(8, 64, 32768) == 4  # registers bind: 65536 // (64 * 256)
+    assert H100.resident_programs_per_sm(8, 64, 65536) == 3  # shared memory binds: 233472 // (65536 + 1024)
+    # A row's words: one copy a thread at least (8 warps: 256 lanes), a power of two.
+    assert [words_block(bf16.warps, n) for n in (1, 5, 256, 257, 396)] == [256, 256, 256, 512, 512]
+    # The whole plan of one call: every launch argument the held kernel gets.
+    assert h100_plan(1024, 65536, overlap_fill=True) == HeldPlan(
+        FORWARD, Rows(1024, 65536, 1, col_multiple=16, native_16bit=True), PUBLISH_THEN_WAIT, segment=8192,
+        warps=8, registers=80, n_segments=8, rows_at_once=49, segments_block=256, max_spins=1 << 16,
+        overlapped=True, load_next="before_partial",
+    )  # fmt: skip
+    # The Gluon forwards, 16-bit only: 4 an SM staged, 8 an SM for the one publishing ahead.
+    eager_aligned = {"eager": True, "aligned": True, "gluon": True}
+    staged = h100_plan(1024, 65536, **eager_aligned)
+    assert staged.family == STAGED and (staged.n_segments, staged.rows_at_once) == (8, 64)  # 528 programs
+    assert (staged.stages, staged.vec, staged.registers, staged.full) == (2, 8, 64, None)
+    ahead = h100_plan(64, 1 << 20, **eager_aligned)  # 1056 programs, 4 rows of 256 segments at once
+    assert ahead.family == STAGED_AHEAD and (ahead.n_segments, ahead.rows_at_once) == (256, 4)
+    assert (ahead.stages, ahead.full) == (3, True) and h100_plan(64, (1 << 20) + 16, **eager_aligned).full is False
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
+def test_softmax_held_rows_on_the_gpu(launched, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments, one
     row and many, a strided dim; the path that computes partials itself gives
     the same bits; and torch.compile launches the kernels too.  Rows along the
@@ -562,6 +655,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
         ((21, 80 * 8192 + 16), -1, True),  # the Gluon forward that publishes ahead: 161 segments of 4096
         ((9, 1 << 20), -1, True),  # whole segments: the Gluon forward that publishes ahead drops its masks
     ]
+    no_wait = replace(TUNING, max_spins=0)  # no program waits: each computes its row's partials
     for shape, dim, aligned in cases:
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
@@ -570,19 +664,17 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
         if aligned and dtype != torch.float32 and staged_forward_here():
             design = staged_design(shape[-1])
         assert launched == DESIGN_KERNELS[design], (shape, launched)
-        with monkeypatch.context() as patch:  # no program waits: each computes its row's partials
-            patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
-            assert torch.equal(torch.ops.tk.softmax(x, dim), y)
-            assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
-        with monkeypatch.context() as patch:  # each kernel starts after its scratch fill ends
-            patch.setattr(cooperative, "OVERLAP_FILL", False)
-            assert torch.equal(torch.ops.tk.softmax(x, dim), y)
-            assert torch.equal(torch.ops.tk.softmax_backward(grad, y, dim), dx)
-        if design == "cooperative":  # the one kernel with a choice of where the next round's loads go
+        launched.clear()
+        assert torch.equal(eagerly(softmax_op.forward, x, dim, tuning=no_wait), y)
+        assert torch.equal(eagerly(softmax_op.backward, grad, y, dim, tuning=no_wait), dx)
+        assert launched == DESIGN_KERNELS[design], (shape, launched)  # the same design, not waiting
+        # Each kernel starts after its scratch fill ends (a held plan: `overlapped` is its field).
+        assert torch.equal(replanned(FORWARD, (x,), dim, overlapped=False), y)
+        assert torch.equal(replanned(BACKWARD, (grad, y), dim, overlapped=False), dx)
+        if design == "publish_then_wait":  # the one kernel with a choice of where the next round's loads go
             for segments in (0, 1 << 30):  # issued at the other place: same bits
-                with monkeypatch.context() as patch:
-                    patch.setattr(softmax_ops, "_LOAD_BEFORE_PARTIAL_SEGMENTS", segments)
-                    assert torch.equal(torch.ops.tk.softmax(x, dim), y)
+                loads_elsewhere = replace(TUNING, load_before_partial_segments=segments)
+                assert torch.equal(eagerly(softmax_op.forward, x, dim, tuning=loads_elsewhere), y)
     compiled = torch.compile(lambda t, dim: torch.ops.tk.softmax(t, dim), fullgraph=True)
     launched.clear()
     check_softmax_and_gradient(compiled, (4 * torch.randn(64, 100_000, device="cuda")).to(dtype), -1)
@@ -592,7 +684,7 @@ def test_softmax_cooperative_rows_on_the_gpu(launched, monkeypatch, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
-def test_softmax_float32_result_of_long_16bit_rows_on_the_gpu(launched, monkeypatch, x_dtype):
+def test_softmax_float32_result_of_long_16bit_rows_on_the_gpu(launched, x_dtype):
     """A 16-bit x with a float32 y, rows held across programs: the Gluon forward where the rows are
     aligned (it stages x), the lagged float32 kernels elsewhere and in every backward; values
     against float64, and the same bits when no program waits."""
@@ -604,77 +696,73 @@ def test_softmax_float32_result_of_long_16bit_rows_on_the_gpu(launched, monkeypa
         forward = "staged" if aligned and staged else "lagged"
         assert launched == [DESIGN_KERNELS[forward][0], DESIGN_KERNELS["lagged"][1]], (shape, launched)
         y = torch.ops.tk.softmax(x, -1, torch.float32)
-        with monkeypatch.context() as patch:
-            patch.setitem(softmax_ops._MAX_SPINS, "cuda", 0)
-            assert torch.equal(torch.ops.tk.softmax(x, -1, torch.float32), y)
+        no_wait = replace(TUNING, max_spins=0)
+        assert torch.equal(eagerly(softmax_op.forward, x, -1, torch.float32, tuning=no_wait), y)
 
 
-class _FakeCudaTensor:
-    """What _staged_setup reads of a tensor, without a GPU."""
-
-    def __init__(self, element_size, data_ptr=0):
-        self.device = torch.device("cuda", 0)
-        self._element_size, self._data_ptr = element_size, data_ptr
-
-    def element_size(self):
-        return self._element_size
-
-    def data_ptr(self):
-        return self._data_ptr
+A100 = DeviceFacts("cuda", sm_count=108, capability=(8, 0), shared_per_sm=167936)
 
 
-def test_softmax_staged_forward_rule(monkeypatch):
+def test_softmax_staged_forward_rule():
     """The Gluon forward applies to eager launches of 16-bit rows along the last
-    dim, 16-byte aligned, on Hopper or newer; else a Triton kernel."""
-    if not softmax_ops._STAGED_FORWARD:
-        pytest.skip("this Triton has no Gluon")
-    monkeypatch.setattr(softmax_ops, "launching_directly", lambda: True)
-    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (9, 0))
-    forward, backward = softmax_ops._FORWARD, softmax_ops._BACKWARD
+    dim, 16-byte aligned, on Hopper or newer, with a Triton that has Gluon; else a
+    Triton kernel."""
 
-    def setup(kernels=forward, n_cols=65536, inner=1, size=2, offset=0, y_size=None):
-        tensors = (_FakeCudaTensor(size, offset), _FakeCudaTensor(y_size or size))
-        return softmax_ops._staged_setup(kernels, (*tensors[:1], *tensors) if kernels is backward else tensors, n_cols, inner)
+    def family(direction=FORWARD, n_cols=65536, inner=1, size=2, y_size=None, facts=H100, **context):
+        call = {"eager": True, "aligned": True, "gluon": True, **context}
+        plan = choose_plan(Meta(direction, 64, n_cols, inner, size, y_size or size, facts, **call))
+        return plan.family if isinstance(plan, HeldPlan) else None
 
-    assert setup() is softmax_ops._STAGED_FORWARD[2]
-    assert setup(y_size=4) is softmax_ops._STAGED_FORWARD[2]  # a float32 result of a 16-bit x: staged too
-    ahead = softmax_ops._STAGED_AHEAD_FORWARD  # past 32 segments of 8192 columns: the kernel publishing ahead
-    assert setup(n_cols=32 * 8192) is softmax_ops._STAGED_FORWARD[2]
-    assert setup(n_cols=32 * 8192 + 16) is ahead and setup(n_cols=1 << 21) is ahead
-    assert setup(n_cols=1 << 20, y_size=4) is softmax_ops._STAGED_FORWARD[2]  # its stores were not waiting
-    assert setup(n_cols=(1 << 20) + 8) is None and setup(n_cols=1 << 20, offset=2) is None  # alignment first
-    assert setup(size=4) is None  # float32: the lagged Triton kernel
-    assert setup(size=4, y_size=2) is None  # (a float32 x is cast to a 16-bit dtype first: never launched)
-    assert setup(size=8) is None  # float64
-    assert setup(kernels=backward) is None
-    assert setup(inner=3) is None  # softmax along a dim other than the last
-    assert setup(n_cols=65536 + 8) is None  # rows 16-byte aligned for bf16, but Triton specializes on 16 elements
-    assert setup(offset=2) is None  # a view starting one element in
-    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (8, 0))
-    assert setup() is None  # before Hopper: tested on Hopper only
-    monkeypatch.setattr(softmax_ops, "cuda_capability", lambda index: (9, 0))
-    monkeypatch.setattr(softmax_ops, "launching_directly", lambda: False)
-    assert setup() is None  # traced for Inductor, which takes Triton kernels only
+    assert family() == STAGED
+    assert family(y_size=4) == STAGED  # a float32 result of a 16-bit x: staged too
+    # past 32 segments of 8192 columns: the kernel publishing ahead
+    assert family(n_cols=32 * 8192) == STAGED
+    assert family(n_cols=32 * 8192 + 16) == family(n_cols=1 << 21) == STAGED_AHEAD
+    assert family(n_cols=1 << 20, y_size=4) == STAGED  # its stores were not waiting
+    assert family(n_cols=(1 << 20) + 8) == family(n_cols=1 << 20, aligned=False) == PUBLISH_THEN_WAIT
+    assert family(size=4) == LAGGED  # float32: the lagged Triton kernel
+    assert family(size=4, y_size=2) == LAGGED  # (a float32 x is cast to a 16-bit dtype first: never launched)
+    assert family(size=8) is None  # float64: no held design
+    assert family(direction=BACKWARD) == LAGGED
+    assert family(inner=3) == PUBLISH_THEN_WAIT  # softmax along a dim other than the last
+    assert family(n_cols=65536 + 8) == PUBLISH_THEN_WAIT  # rows 16-byte aligned for bf16, but Triton specializes on 16
+    assert family(aligned=False) == PUBLISH_THEN_WAIT  # a view starting one element in
+    assert family(facts=A100) == PUBLISH_THEN_WAIT  # before Hopper: tested on Hopper only
+    assert family(eager=False) == PUBLISH_THEN_WAIT  # traced for Inductor, which takes Triton kernels only
+    assert family(gluon=False) == PUBLISH_THEN_WAIT  # a Triton without the Gluon parts
+
+
+def test_softmax_describe_reads_the_call():
+    """describe: the call's shape and element sizes, the device's facts and the call's context;
+    the alignment a staged forward needs is each tensor's start, and a view may start off it."""
+    x = torch.randn(6, 5, 40).to(torch.bfloat16)
+    y = torch.empty_like(x, dtype=torch.float32)
+    meta = softmax_op.describe(FORWARD, (x, y), 5, 40)
+    assert meta == Meta(FORWARD, 6 * 40, 5, 40, 2, 4, INTERPRETER, gluon=softmax_launch.HAS_GLUON)  # along dim 1
+    eager = run_direct(softmax_op.describe, (FORWARD, (x, y), 5, 40), {})
+    assert eager.eager and not eager.aligned and not eager.overlap_fill  # a CPU call: no address is read
+    row = torch.empty(4 * 65536, dtype=torch.bfloat16)
+    assert softmax_op.starts_aligned((row[:65536], row[8 : 8 + 65536]))
+    assert not softmax_op.starts_aligned((row[:65536], row[1 : 1 + 65536]))
 
 
 def test_softmax_staged_forward_compiles_for_hopper():
     """The Gluon kernel builds for sm_90 with the installed Triton (no GPU needed):
     its copies are cp.async, its stages fit the shared memory the rule counts; and so does
     the kernel that publishes a round ahead."""
-    if softmax_ops._softmax_gluon is None:
+    if not softmax_launch.HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    for setup, y_dtype in [(softmax_ops._STAGED_FORWARD[2], "bf16"), (softmax_ops._STAGED_FORWARD[2], "fp32"),
-                           (softmax_ops._STAGED_AHEAD_FORWARD, "bf16")]:  # fmt: skip
-        kernel = setup.kernel
-        assert ("FULL" in kernel.arg_names) == setup.full_rows  # _run_staged passes FULL by the setup's word
+    for design, y_dtype in [(TUNING.staged, "bf16"), (TUNING.staged, "fp32"), (TUNING.staged_ahead, "bf16")]:
+        kernel, setup = softmax_launch.held_kernel(FORWARD, design.family), design.setup
+        assert ("FULL" in kernel.arg_names) == design.full_rows  # the plan gives FULL by the design's word
         signature = {name: "i32" for name in kernel.arg_names}
         signature.update(x_ptr="*bf16", y_ptr=f"*{y_dtype}", words_ptr="*i64")
         for overlapped in (False, True):
             constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8),
-                             STAGES=setup.stages, VEC=4 if y_dtype == "fp32" else 8, OVERLAPPED=overlapped)  # fmt: skip
-            if setup.full_rows:
+                             STAGES=design.stages, VEC=4 if y_dtype == "fp32" else 8, OVERLAPPED=overlapped)  # fmt: skip
+            if design.full_rows:
                 constants["FULL"] = overlapped  # both bodies: masked and not
             signature.update({name: "constexpr" for name in constants})
             aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("x_ptr", "y_ptr", "n_cols")}
@@ -685,26 +773,27 @@ def test_softmax_staged_forward_compiles_for_hopper():
             assert_waits_for_the_fill_before_the_scratch(compiled.asm["ptx"], overlapped, first_load="cp.async")
 
 
-@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("direction", [FORWARD, BACKWARD])
 @pytest.mark.parametrize("element_size", [2, 4])
-def test_softmax_cooperative_kernels_publish_without_release(direction, element_size):
+def test_softmax_held_kernels_publish_without_release(direction, element_size):
     """The Triton kernels built for sm_90 with the installed Triton (no GPU needed):
-    the publish the cooperative design rests on (see ops/softmax.py)."""
+    the publish the held design rests on (see ops/blocks/held_rows.py)."""
     from triton.compiler import ASTSource
 
-    setup = _held_setup(direction, element_size)
-    kernel = setup.kernel.fn
+    design = triton_held_design(direction, element_size)
+    kernel = softmax_launch.held_kernel(direction, design.family)
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update({name: "*bf16" if element_size == 2 else "*fp32" for name in pointers}, words_ptr="*i64")
     for overlapped in (False, True):
-        constants = dict(SEGMENT=setup.segment, SEGMENTS_BLOCK=words_block(setup.warps, 8), OVERLAPPED=overlapped)
-        if not setup.lagged:
+        constants = dict(SEGMENT=design.setup.segment, SEGMENTS_BLOCK=words_block(design.setup.warps, 8),
+                         OVERLAPPED=overlapped)  # fmt: skip
+        if design.family == PUBLISH_THEN_WAIT:
             constants["LOAD_NEXT"] = "during_wait"
-        if direction == "backward":
+        if direction == BACKWARD:
             constants["NATIVE_16BIT"] = True
         signature.update({name: "constexpr" for name in constants})
-        ptx = build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
+        ptx = build_for_hopper(ASTSource(kernel, signature, constants), design.setup).asm["ptx"]
         assert_publishes_without_release(ptx)
         assert_waits_for_the_fill_before_the_scratch(ptx, overlapped)
 
