@@ -295,10 +295,6 @@ class Tuning:
 
 TUNING = Tuning()
 
-# What each op's held kernel publishes (ops/norms/held.py): layer norm two words a segment,
-# (mean x, M2 of x) and (mean g, sum((x - mean x) * g)); RMS norm one, (sum(x^2), sum(x * g)).
-_WORDS_A_SEGMENT = {True: 2, False: 1}
-
 
 # --------------------------------------------------------------------------
 # What a call is.
@@ -560,8 +556,11 @@ def _held_rows(meta: Meta, col_multiple: int, tuning: Tuning) -> Optional[HeldRo
     if found is None:
         return None
     n_segments, rows_at_once = found
+    # What each op's held kernel publishes (held.py): layer norm two words a segment, (mean x,
+    # M2 of x) and (mean g, sum((x - mean x) * g)); RMS norm one, (sum(x^2), sum(x * g)).
+    words_a_segment = 2 if meta.centered else 1
     return HeldRowsPlan(
-        setup, segment, n_segments, rows_at_once, _WORDS_A_SEGMENT[meta.centered] * n_segments,
+        setup, segment, n_segments, rows_at_once, words_a_segment * n_segments,
         words_block(setup.warps, n_segments), tuning.max_spins[kind], meta.overlap_fill,
         meta.n_cols % segment == 0 if meta.centered else None,
     )  # fmt: skip
