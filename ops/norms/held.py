@@ -23,9 +23,9 @@ from .kernels import _chunk_comoments, _load, _rstd, _widen, _zeros_1d
 
 # --------------------------------------------------------------------------
 # Backward rows past a block, held on chip across programs (CUDA; the protocol:
-# ops/_cooperative.py).  A program keeps one segment of x and dy of a row in
+# ops/blocks/held_rows.py).  A program keeps one segment of x and dy of a row in
 # registers, and the dw (and db) accumulator of its segment's columns over all
-# the rows it takes.  RMS norm's kernel is in ops/rms_norm.py.
+# the rows it takes.  RMS norm's kernel is further down.
 # --------------------------------------------------------------------------
 
 
@@ -204,7 +204,7 @@ def layer_norm_backward_held_kernel(
 
 # --------------------------------------------------------------------------
 # Backward rows past a block, held on chip across programs (CUDA; the protocol:
-# ops/_cooperative.py).  A program keeps one segment of x and dy of a row in
+# ops/blocks/held_rows.py).  A program keeps one segment of x and dy of a row in
 # registers, and the dw accumulator of its segment's columns over all the rows
 # it takes.  A segment's partial is one word: (sum(x^2), sum(x * g)).
 # --------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def rms_norm_backward_held_kernel(
     program's dw accumulator goes out as row `first_row` of the (rows_at_once, N)
     scratch.  ROWS_AHEAD=2 also loads the segment of the row after next at the top of
     a round, so those loads are in flight while the round polls and writes (a third
-    segment's registers; see HeldRows).  (BIAS_GRAD and db_partial_ptr: the signature
+    segment's registers; see plan.py's HeldNormSetup).  (BIAS_GRAD and db_partial_ptr: the signature
     is layer norm's.)"""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)

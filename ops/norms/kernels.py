@@ -1,4 +1,4 @@
-"""The norms' Triton kernels that read rows from memory on their own (see engine.py for the designs).
+"""The norms' Triton kernels that read rows from memory on their own (see plan.py for the designs).
 
 The kernel bodies take CENTERED: on for layer norm, off for RMS norm (no
 centering, no bias, no mean(g) term).  Each op launches them through thin

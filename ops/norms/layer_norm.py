@@ -1,7 +1,9 @@
 """Layer norm over the trailing dims: ``torch.ops.tk.layer_norm`` and its backward.
 
-The math and the designs are in engine.py's docstring; this file checks the
-arguments and registers the ops.
+The math and the designs are in plan.py's docstring.  This file checks the
+arguments, describes the call, plans it and runs the plan (plan.py, launch.py),
+in ``forward`` and ``backward``, which take a ``tuning`` (tests pass smaller
+ones); the registered ops call them with the measured TUNING.
 """
 
 from typing import Optional
@@ -18,17 +20,13 @@ from ..runtime import (
     register_op,
 )
 from .checks import _contiguous, _normalized_size, check_grad, check_param, norm_dtype
-from .engine import LAYER_NORM_KERNELS, normalize, normalize_backward
+from .launch import run_backward, run_forward
+from .plan import TUNING, Tuning, choose_backward_plan, choose_forward_plan, describe_backward, describe_forward
+
+CENTERED = True  # layer norm subtracts the mean (RMS norm is the same plan without)
 
 
-def _layer_norm(
-    x: torch.Tensor,
-    normalized_shape: list[int],
-    weight: Optional[torch.Tensor] = None,
-    bias: Optional[torch.Tensor] = None,
-    eps: float = 1e-5,
-    dtype: Optional[torch.dtype] = None,
-) -> torch.Tensor:
+def forward(x, normalized_shape, weight=None, bias=None, eps=1e-5, dtype=None, *, tuning: Tuning = TUNING):
     """As F.layer_norm; `dtype` (None: x's) may be float32 for a 16-bit x, which is then read as it is."""
     check_tensor("layer_norm", "x", x)
     dtype = norm_dtype("layer_norm", x, dtype)
@@ -42,7 +40,36 @@ def _layer_norm(
             + (f"weight has dtype {weight.dtype}" if weight is not None else f"there is no weight and x has dtype {x.dtype}")
             + "; give them one dtype"
         )
-    return normalize(LAYER_NORM_KERNELS, x.contiguous(), _contiguous(weight), _contiguous(bias), eps, n_cols, dtype)
+    x, weight, bias = x.contiguous(), _contiguous(weight), _contiguous(bias)
+    plan = choose_forward_plan(describe_forward(CENTERED, x, n_cols), tuning)
+    return run_forward(plan, x, weight, bias, eps, dtype)
+
+
+def backward(grad, x, normalized_shape, weight, eps, weight_grad, bias_grad, *, tuning: Tuning = TUNING):
+    """(dx, dweight, dbias).  dx has x's dtype, grad may be float32 for a 16-bit x (a result asked
+    for in float32).  dweight (dbias) has normalized_shape when weight_grad (bias_grad) is True,
+    and is an empty tensor otherwise: an op cannot return None."""
+    check_grad("layer_norm_backward", grad, x)
+    n_cols = _normalized_size("layer_norm_backward", x, normalized_shape)
+    check_param("layer_norm_backward", "weight", weight, x, normalized_shape)
+    if weight_grad and weight is None:
+        raise ValueError("tk.layer_norm_backward: weight_grad=True needs the weight")
+    grad, x, weight = grad.contiguous(), x.contiguous(), _contiguous(weight)
+    plan = choose_backward_plan(describe_backward(CENTERED, grad, x, n_cols), tuning)
+    dx, dw, db = run_backward(plan, grad, x, weight, eps, weight_grad, bias_grad, tuple(normalized_shape))
+    return dx, x.new_empty(0) if dw is None else dw, x.new_empty(0) if db is None else db
+
+
+def _layer_norm(
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """tk.layer_norm: forward with the measured tuning."""
+    return forward(x, normalized_shape, weight, bias, eps, dtype)
 
 
 def _layer_norm_backward(
@@ -54,19 +81,8 @@ def _layer_norm_backward(
     weight_grad: bool,
     bias_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight, dbias).  dx has x's dtype, grad may be float32 for a 16-bit x (a result asked
-    for in float32).  dweight (dbias) has normalized_shape when weight_grad (bias_grad) is True,
-    and is an empty tensor otherwise: an op cannot return None."""
-    check_grad("layer_norm_backward", grad, x)
-    n_cols = _normalized_size("layer_norm_backward", x, normalized_shape)
-    check_param("layer_norm_backward", "weight", weight, x, normalized_shape)
-    if weight_grad and weight is None:
-        raise ValueError("tk.layer_norm_backward: weight_grad=True needs the weight")
-    dx, dw, db = normalize_backward(
-        LAYER_NORM_KERNELS, grad.contiguous(), x.contiguous(), _contiguous(weight), eps, n_cols,
-        weight_grad, bias_grad, tuple(normalized_shape),
-    )  # fmt: skip
-    return dx, x.new_empty(0) if dw is None else dw, x.new_empty(0) if db is None else db
+    """tk.layer_norm_backward: backward with the measured tuning."""
+    return backward(grad, x, normalized_shape, weight, eps, weight_grad, bias_grad)
 
 
 layer_norm = register_op("layer_norm", _layer_norm)
@@ -76,7 +92,7 @@ layer_norm_backward = register_op("layer_norm_backward", _layer_norm_backward)
 follow_autocast("layer_norm", {"cuda": FLOAT32_RESULT})
 
 
-# x and weight are saved; mean and rstd are recomputed (see the module docstring).
+# x and weight are saved; mean and rstd are recomputed (see plan.py's docstring).
 register_formula(
     layer_norm,
     backward=layer_norm_backward,

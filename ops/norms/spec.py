@@ -121,7 +121,7 @@ register_spec(
 
 def _make_rms_backward_inputs(shape, dtype, device):
     """grad, x, weight, and the rstd PyTorch's fused forward saves for its backward
-    (tk recomputes it: see engine.py's docstring)."""
+    (tk recomputes it: see plan.py's docstring)."""
     x, weight = _make_rms_inputs(shape, dtype, device)
     _, rstd = torch.ops.aten._fused_rms_norm(x, [shape[-1]], weight, RMS_EPS)
     return torch.randn(shape, dtype=dtype, device=device), x, weight, rstd

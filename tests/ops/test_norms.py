@@ -24,9 +24,26 @@ from reference import (
 
 import ops
 from ops.blocks import held_rows
-from ops.blocks.alignment import column_multiple
-from ops.norms import engine as norm_ops  # the module with the design constants both ops share
+from ops.blocks.held_rows import can_overlap_fill
+from ops.norms import launch as norm_launch, layer_norm as layer_norm_entry, rms_norm as rms_norm_entry
+from ops.norms.plan import (
+    HELD_ROWS,
+    LONG_ROWS,
+    NO_ROWS,
+    SHORT_ROWS,
+    TUNING,
+    ByKind,
+    HeldNormSetup,
+    HeldSetups,
+    Meta,
+    backward_tile,
+    choose_backward_plan,
+    choose_forward_plan,
+    describe_backward,
+)
 from ops.norms.rms_norm import default_eps
+from ops.runtime import H100, INTERPRETER, device_facts, launcher
+from ops.runtime.direct import run_direct
 
 
 def pick(device, cpu, cuda):
@@ -153,8 +170,9 @@ def test_strided_weight_and_bias(device):
 def test_eps_zero_leaves_padding_rows_out_of_the_gradients(device):
     """Rows past the end of the last tile read as zeros: with eps = 0 their
     rstd is inf and xhat NaN, which must not reach dw of the real rows."""
-    n_rows, n = 5, 20  # on either device a tile of 8 rows: three rows of padding
-    assert norm_ops._row_tile(n_rows, n, norm_ops._kind(torch.device(device)))[0] == 8
+    n_rows, n = 5, 20  # on either device a tile of 8 rows, forward and backward: three rows of padding
+    meta = Meta(True, n_rows, n, 8, 8, device_facts(torch.device(device)))
+    assert choose_forward_plan(meta).block_m == choose_backward_plan(meta).block_m == 8
     x = torch.randn(n_rows, n, device=device, dtype=torch.float64, requires_grad=True)
     weight, bias = params(n, device, torch.float64)
     inputs = [x, weight.requires_grad_(), bias.requires_grad_()]
@@ -306,38 +324,94 @@ def test_gradcheck():
 
 # ---------------------------------------------------------------- designs
 #
-# The CPU constants shrunk so that rows of tens of columns take every design:
-# forward blocks of at most 64 columns, backward blocks of 32, tiles of 32
-# elements, chunks of 16, up to 8 programs of at least 2 rows, and a column
-# sum of 2 partial rows by 8 columns a step.  `launched` records the kernels
-# and grids, so that each test checks it reached the design it means to test.
+# SMALL: the interpreter's constants shrunk so that rows of tens of columns
+# take every design: forward blocks of at most 64 columns, backward blocks of
+# 32, tiles of 32 elements, chunks of 16, up to 8 programs of at least 2 rows,
+# and a column sum of 2 partial rows by 8 columns a step.  The ops' Python
+# entry points take it (`tuned` makes them differentiable, as the registered
+# ops are), and `launched` records the kernels, grids and constexprs, so that
+# each test checks it reached the design it means to test.
+
+SMALL = dataclasses.replace(
+    TUNING.with_cpu(max_block=64, max_block_backward=32, tile=32, chunk=16, column_sum_block=(2, 8)),
+    cpu_programs=8,
+    min_rows_per_program=2,
+)
+EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    monkeypatch.setitem(norm_ops._MAX_BLOCK, "cpu", 64)
-    monkeypatch.setitem(norm_ops._MAX_BLOCK_BACKWARD, "cpu", 32)
-    monkeypatch.setitem(norm_ops._TILE, "cpu", 32)
-    monkeypatch.setitem(norm_ops._CHUNK, "cpu", 16)
-    monkeypatch.setitem(norm_ops._COLUMN_SUM_BLOCK, "cpu", (2, 8))
-    monkeypatch.setattr(norm_ops, "_CPU_PROGRAMS", 8)
-    monkeypatch.setattr(norm_ops, "_MIN_ROWS_PER_PROGRAM", 2)
+class _Tuned(torch.autograd.Function):
+    """A norm over the last dim by its entry points with one tuning: the registered op's formula
+    (x and weight saved, the backward op's gradients where asked), for a tuning the op cannot take."""
+
+    @staticmethod
+    def forward(ctx, op, tuning, dtype, x, weight, bias):
+        ctx.op, ctx.tuning = op, tuning
+        ctx.save_for_backward(x, weight)
+        if op == "rms_norm":
+            return rms_norm_entry.forward(x, weight, EPS[op], dtype, tuning=tuning)
+        return layer_norm_entry.forward(x, [x.shape[-1]], weight, bias, EPS[op], dtype, tuning=tuning)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        weight_grad, bias_grad = ctx.needs_input_grad[4:6]
+        grads = _backward(ctx.op, grad, x, weight, weight_grad, bias_grad, ctx.tuning)
+        dx, dw, db = (*grads, None)[:3]
+        return None, None, None, dx, dw if weight_grad else None, db if bias_grad else None
+
+
+def tuned(op, tuning, dtype=None):
+    """fn(x, w, b): tk's `op` with `tuning`, differentiable (RMS norm takes no bias)."""
+    return lambda x, w, b: _Tuned.apply(op, tuning, dtype, x, w, b if op == "layer_norm" else None)
+
+
+def pytorch_norm(op):
+    """fn(x, w, b): PyTorch's `op` over the last dim."""
+    if op == "rms_norm":
+        return lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, EPS[op])
+    return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, EPS[op])
+
+
+def _backward(op, grad, x, weight, weight_grad, bias_grad, tuning=TUNING):
+    """The op's backward entry point: (dx, dweight[, dbias])."""
+    if op == "rms_norm":
+        return rms_norm_entry.backward(grad, x, weight, EPS[op], weight_grad, tuning=tuning)
+    return layer_norm_entry.backward(grad, x, [x.shape[-1]], weight, EPS[op], weight_grad, bias_grad, tuning=tuning)
+
+
+def _op_backward(op, grad, x, weight, bias):
+    """The registered backward op: (dx, dweight[, dbias])."""
+    if op == "rms_norm":
+        return torch.ops.tk.rms_norm_backward(grad, x, weight, EPS[op], weight is not None)
+    return torch.ops.tk.layer_norm_backward(grad, x, [x.shape[-1]], weight, EPS[op], weight is not None, bias is not None)
+
+
+def _kernel_name(kernel):
+    return getattr(kernel, "__name__", None) or kernel.fn.__name__  # an autotuner: its function's
 
 
 @pytest.fixture
 def launched(monkeypatch):
-    calls = []
-    launch = norm_ops._launch
+    """(kernel name, grid, keyword arguments) of every launch the norms' launch.py makes."""
+    calls, launcher = [], norm_launch.launcher
 
-    def spy(kernel, grid, *args, **kwargs):
-        calls.append((getattr(kernel, "__name__", None) or kernel.fn.__name__, grid))  # an autotuner: its function's
-        return launch(kernel, grid, *args, **kwargs)
+    class Recorded:
+        def __init__(self, kernel, like):
+            self.kernel, self.like = kernel, like
 
-    monkeypatch.setattr(norm_ops, "_launch", spy)
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append((_kernel_name(self.kernel), tuple(grid), kwargs))
+                return launcher(self.kernel, self.like)[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(norm_launch, "launcher", Recorded)
     return calls
 
 
-# (shape, forward design, backward design, forward grid, backward grid) under small_blocks
+# (shape, forward design, backward design, forward grid, backward grid) under SMALL
 DESIGN_CASES = [
     ((13, 20), "forward", "backward", (13,), (6,)),  # tiles of 1 row; 6 programs looping over 2 or 3 tiles
     ((9, 6), "forward", "backward", (3,), (3,)),  # tiles of 4 rows of 8 lanes; the last tile is 3 rows of padding
@@ -357,28 +431,21 @@ def kernel_names(prefix, forward, backward):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
-def test_designs_match_float64(small_blocks, launched, dtype, case):
+def test_designs_match_float64(launched, dtype, case):
     shape, forward, backward, forward_grid, backward_grid = case
     n = shape[-1]
     x = 5 + 2 * torch.randn(shape, dtype=dtype)
     weight, bias = params(n, "cpu", dtype)
-    ops_under_test = [
-        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
-        (
-            "layer_norm",
-            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
-            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
-        ),
-    ]
-    for prefix, tk_fn, torch_fn in ops_under_test:
+    for prefix in ("rms_norm", "layer_norm"):
+        tk_fn, torch_fn = tuned(prefix, SMALL), pytorch_norm(prefix)
         launched.clear()
         assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
         check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
-        names = [name for name, _ in launched]
+        names = [name for name, *_ in launched]
         # the forward twice (the value, then under autograd), the backward, one column sum for dw (and db)
         forward_kernel, *backward_kernels = kernel_names(prefix, forward, backward)
         assert names == [forward_kernel, forward_kernel, *backward_kernels, "column_sum_kernel"], names
-        grids = dict(launched)
+        grids = {name: grid for name, grid, _ in launched}
         assert grids[forward_kernel] == forward_grid
         assert grids[backward_kernels[-1]] == backward_grid
         assert grids["column_sum_kernel"][1] == (1 if prefix == "rms_norm" else 2)  # a block per parameter
@@ -386,49 +453,33 @@ def test_designs_match_float64(small_blocks, launched, dtype, case):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
-def test_float32_params_with_a_16bit_x(small_blocks, launched, dtype, case):
+def test_float32_params_with_a_16bit_x(launched, dtype, case):
     """A 16-bit x with a float32 weight and bias, as mixed-precision models keep norms (PyTorch's norms
     take them): y in x's dtype, dx in x's, dweight and dbias in float32, every design."""
     shape, forward, backward, *_ = case
     n = shape[-1]
     x = 5 + 2 * torch.randn(shape, dtype=dtype)
     weight, bias = params(n, "cpu", torch.float32)
-    for prefix, tk_fn, torch_fn in [
-        ("rms_norm", lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6), lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6)),
-        (
-            "layer_norm",
-            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5),
-            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
-        ),
-    ]:
+    for prefix in ("rms_norm", "layer_norm"):
+        tk_fn, torch_fn = tuned(prefix, SMALL), pytorch_norm(prefix)
         launched.clear()
         assert_close(tk_fn(x, weight, bias), torch_fn(x.double(), as64(weight), as64(bias)), dtype)
         check_gradients(tk_fn, torch_fn, [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()], dtype)
-        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+        assert {name for name, *_ in launched} >= set(kernel_names(prefix, forward, backward))
 
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("param_dtype", ["x's", torch.float32])
 @pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
-def test_a_float32_result_of_a_16bit_x(small_blocks, launched, x_dtype, param_dtype, case):
+def test_a_float32_result_of_a_16bit_x(launched, x_dtype, param_dtype, case):
     """dtype=float32 (what autocast asks for on CUDA): x read as it is, y in float32 and as accurate
     as float32 allows, in every design; dx in x's dtype, the parameters' gradients in theirs."""
     shape, forward, backward, *_ = case
     n = shape[-1]
     x = 5 + 2 * torch.randn(shape, dtype=x_dtype)
     weight, bias = params(n, "cpu", x_dtype if param_dtype == "x's" else param_dtype)
-    for prefix, tk_fn, torch_fn in [
-        (
-            "rms_norm",
-            lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6, torch.float32),
-            lambda x, w, b: F.rms_norm(x, (n,), w, 1e-6),
-        ),
-        (
-            "layer_norm",
-            lambda x, w, b: torch.ops.tk.layer_norm(x, [n], w, b, 1e-5, torch.float32),
-            lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5),
-        ),
-    ]:
+    for prefix in ("rms_norm", "layer_norm"):
+        tk_fn, torch_fn = tuned(prefix, SMALL, torch.float32), pytorch_norm(prefix)
         launched.clear()
         y = tk_fn(x, weight, bias)
         assert y.dtype == torch.float32
@@ -436,7 +487,7 @@ def test_a_float32_result_of_a_16bit_x(small_blocks, launched, x_dtype, param_dt
         assert_close(y, torch_fn(x.double(), as64(weight), as64(bias)), torch.float32)
         inputs = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
         check_gradients(tk_fn, torch_fn, inputs, x_dtype)
-        assert {name for name, _ in launched} >= set(kernel_names(prefix, forward, backward))
+        assert {name for name, *_ in launched} >= set(kernel_names(prefix, forward, backward))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -477,147 +528,126 @@ def test_float32_params_with_a_16bit_x_at_model_sizes(device):
         )
 
 
-def test_the_short_row_backward_loads_ahead_by_tile_bytes(small_blocks, monkeypatch):
-    """Tiles of at most _LOAD_AHEAD_BYTES of the widest input load the next tile before this one's
+def test_the_short_row_backward_loads_ahead_by_tile_bytes(launched):
+    """Tiles of at most load_ahead_bytes of the widest input load the next tile before this one's
     math, larger ones after its store: the same sums in the same order, so the same bits."""
-    flags = []
-    launch = norm_ops._launch
-
-    def spy(kernel, grid, *args, **kwargs):
-        if "LOAD_AHEAD" in kwargs:
-            flags.append(kwargs["LOAD_AHEAD"])
-        return launch(kernel, grid, *args, **kwargs)
-
-    monkeypatch.setattr(norm_ops, "_launch", spy)
     x = torch.randn(37, 20, dtype=torch.bfloat16)  # tiles of 1 row of 32 lanes, several a program
     weight, bias = params(20, "cpu", torch.float32)
     results = {}
     for grad_dtype in (torch.bfloat16, torch.float32):  # float32: a float32 result's gradient
         grad = torch.randn(37, 20, dtype=grad_dtype)
         for limit in (32 * grad.element_size(), 32 * grad.element_size() - 1):
-            monkeypatch.setattr(norm_ops, "_LOAD_AHEAD_BYTES", limit)
-            flags.clear()
+            tuning = dataclasses.replace(SMALL, load_ahead_bytes=limit)
+            launched.clear()
             results[limit == 32 * grad.element_size()] = [
-                torch.ops.tk.layer_norm_backward(grad, x, [20], weight, 1e-5, True, True),
-                torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, True),
+                layer_norm_entry.backward(grad, x, [20], weight, 1e-5, True, True, tuning=tuning),
+                rms_norm_entry.backward(grad, x, weight, 1e-6, True, tuning=tuning),
             ]
+            flags = [kwargs["LOAD_AHEAD"] for _, _, kwargs in launched if "LOAD_AHEAD" in kwargs]
             assert flags == [limit == 32 * grad.element_size()] * 2
         for ahead, after in zip(results[True], results[False], strict=True):
             assert all(torch.equal(a, b) for a, b in zip(ahead, after, strict=True))
 
 
 @pytest.mark.parametrize("present", [(True, True), (True, False), (False, True), (False, False)], ids=["w+b", "w", "b", "none"])
-def test_the_forward_loads_w_and_b_beside_x_or_after(small_blocks, monkeypatch, present):
-    """Blocks of at most _AFFINE_FIRST_MAX_BLOCK columns load w and b beside x, wider ones after
+def test_the_forward_loads_w_and_b_beside_x_or_after(launched, present):
+    """Blocks of at most affine_first_max_block columns load w and b beside x, wider ones after
     the reductions: both give the float64 values, with w and b each there or not, of a bfloat16
     x (float32 parameters where there is a weight: a lone bias must have x's dtype)."""
-    monkeypatch.setattr(norm_ops, "_AFFINE_FIRST_MAX_BLOCK", 16)
-    flags, launch = [], norm_ops._launch
-
-    def spy(kernel, grid, *args, **kwargs):
-        flags.append(kwargs.get("AFFINE_FIRST"))
-        return launch(kernel, grid, *args, **kwargs)
-
-    monkeypatch.setattr(norm_ops, "_launch", spy)
+    tuning = dataclasses.replace(SMALL, affine_first_max_block=16)
     for n in (6, 20):  # blocks of 8 and 32 columns
         x = 5 + 2 * torch.randn(9, n, dtype=torch.bfloat16)
         weight, bias = params(n, "cpu", torch.float32 if present[0] else torch.bfloat16, *present)
-        y = torch.ops.tk.layer_norm(x, [n], weight, bias, 1e-5)
+        y = layer_norm_entry.forward(x, [n], weight, bias, 1e-5, tuning=tuning)
         assert_close(y, layer_norm_reference(x, (n,), weight, bias, 1e-5), torch.bfloat16)
-        assert_close(torch.ops.tk.rms_norm(x, weight, 1e-6), rms_reference(x, weight, 1e-6), torch.bfloat16)
-    assert flags == [True, True, False, False]
+        y = rms_norm_entry.forward(x, weight, 1e-6, tuning=tuning)
+        assert_close(y, rms_reference(x, weight, 1e-6), torch.bfloat16)
+    assert [kwargs.get("AFFINE_FIRST") for _, _, kwargs in launched] == [True, True, False, False]
 
 
-def test_long_rows_gradcheck(small_blocks, launched):
+def test_long_rows_gradcheck(launched):
     x = torch.randn(3, 2, 50, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, dtype=torch.float64, requires_grad=True)
     b = torch.randn(50, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w, b: torch.ops.tk.layer_norm(x, [50], w, b, 1e-5), (x, w, b), fast_mode=True)
-    assert torch.autograd.gradcheck(lambda x, w: torch.ops.tk.rms_norm(x, w, 1e-6), (x, w), fast_mode=True)
-    names = {name for name, _ in launched}
+    assert torch.autograd.gradcheck(tuned("layer_norm", SMALL), (x, w, b), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x, w: tuned("rms_norm", SMALL)(x, w, None), (x, w), fast_mode=True)
+    names = {name for name, *_ in launched}
     assert {"layer_norm_backward_columns_kernel", "rms_norm_backward_columns_kernel"} <= names
 
 
-def test_the_design_rules(monkeypatch):
-    """Tiles hold whole rows and about _TILE elements; the backward's programs
-    are a few per SM, each with at least _MIN_ROWS_PER_PROGRAM rows."""
-    monkeypatch.setattr(norm_ops, "_sm_count", lambda index: 132)  # an H100
-    cuda = torch.device("cuda", 0)
-    target = norm_ops._PROGRAMS_PER_SM * 132
+def h100_meta(n_rows, n_cols, x_size=4, grad_size=None, centered=True, **facts):
+    """A call on the H100 the plans were measured on (`facts`: fields of it changed)."""
+    grad_size = x_size if grad_size is None else grad_size
+    return Meta(centered, n_rows, n_cols, x_size, grad_size, dataclasses.replace(H100, **facts))
+
+
+def test_the_design_rules():
+    """Tiles hold whole rows and about `tile` elements; the backward's programs are a few per SM,
+    each with at least min_rows_per_program rows, in the short-row design and the two sweeps."""
+    two_sweeps = dataclasses.replace(TUNING, held_rows=ByKind(cuda=False, cpu=False))
     for n_rows in [1, 3, 100, 4096, 1 << 20]:
         for n_cols in [1, 7, 128, 1000, 4096, 16384]:
-            block_m, block_n = norm_ops._row_tile(n_rows, n_cols, "cuda")
+            plan = choose_forward_plan(h100_meta(n_rows, n_cols))
+            block_m, block_n = plan.block_m, plan.block_n
+            assert plan.design == SHORT_ROWS and plan.grid == (-(-n_rows // block_m),)
             assert block_n >= n_cols and block_n & (block_n - 1) == 0 and block_m & (block_m - 1) == 0
-            assert block_m == 1 or block_m * block_n <= norm_ops._TILE["cuda"]
+            assert block_m == 1 or block_m * block_n <= TUNING.tile.cuda
             assert block_m < 2 * n_rows  # no tile of padding rows only
-            tiles = -(-n_rows // block_m)
-            programs = norm_ops._backward_programs(tiles, n_rows, cuda)
-            assert 1 <= programs <= min(target, tiles)
-            assert programs == 1 or n_rows / programs >= norm_ops._MIN_ROWS_PER_PROGRAM
-    assert norm_ops._backward_programs(1 << 20, 1 << 20, cuda) == target  # big inputs fill every SM
-    # The forward's tile: 2048 elements, 1024 of 16-bit rows (measured, see _TILE); longer rows alone.
-    assert [norm_ops._row_tile(1 << 20, n, "cuda") for n in (128, 768, 2048, 4100)] == [
-        (16, 128), (2, 1024), (1, 2048), (1, 8192)
-    ]
-    assert [norm_ops._row_tile(1 << 20, n, "cuda", torch.bfloat16) for n in (128, 768, 2048)] == [
-        (8, 128), (1, 1024), (1, 2048)
-    ]
-    assert norm_ops._row_tile(1 << 20, 128, "cuda", torch.float64) == (8, 128)  # two registers a value
-    short_rows = norm_ops._backward_programs(1 << 20, 1 << 20, cuda, norm_ops._SHORT_ROW_PROGRAMS_PER_SM)
-    assert short_rows == 132  # one an SM: a program loading ahead holds its registers
+            plan = choose_backward_plan(h100_meta(n_rows, n_cols), two_sweeps)
+            if plan.design == SHORT_ROWS:
+                work_items, target = -(-n_rows // plan.block_m), 132
+            else:
+                assert plan.design == LONG_ROWS and n_cols > TUNING.max_block_backward.cuda
+                target = TUNING.programs_per_sm * 132
+                work_items = -(-target // plan.grid[1])  # row groups, spread over the chunks
+            assert 1 <= plan.partial_rows <= min(target, work_items)
+            assert plan.partial_rows == 1 or n_rows / plan.partial_rows >= TUNING.min_rows_per_program
+    # big inputs fill every SM: the short-row backward one program an SM (a program loading ahead
+    # holds its registers), the two sweeps' (row group, chunk) programs two
+    assert choose_backward_plan(h100_meta(1 << 20, 1024)).grid == (132,)
+    plan = choose_backward_plan(h100_meta(1 << 20, 16384), two_sweeps)
+    assert plan.design == LONG_ROWS and plan.grid == (66, 4)
+    # The forward's tile: 2048 elements, 1024 of 16-bit rows (measured, see Tuning.tile); longer rows alone.
+    tiles = [(plan.block_m, plan.block_n) for plan in (choose_forward_plan(h100_meta(1 << 20, n)) for n in (128, 768, 2048, 4100))]
+    assert tiles == [(16, 128), (2, 1024), (1, 2048), (1, 8192)]
+    tiles = [(plan.block_m, plan.block_n) for plan in (choose_forward_plan(h100_meta(1 << 20, n, 2)) for n in (128, 768, 2048))]
+    assert tiles == [(8, 128), (1, 1024), (1, 2048)]
+    assert choose_forward_plan(h100_meta(1 << 20, 128, 8)).block_m == 8  # float64: two registers a value
+    # Past a block: a row a program, in chunks; float64 rows past half the block.
+    assert choose_forward_plan(h100_meta(8, 32768)).design == SHORT_ROWS
+    assert choose_forward_plan(h100_meta(8, 32769)).design == LONG_ROWS
+    assert choose_forward_plan(h100_meta(8, 16385, 8)).design == LONG_ROWS
+    assert choose_forward_plan(h100_meta(0, 128)).design == NO_ROWS
 
 
 # ------------------------------------------------------ rows held across programs
 
-
-@pytest.fixture
-def held_rows(small_blocks, monkeypatch):
-    """The backward rows held across programs on CPU: each program computes its row's
-    partials itself there (the interpreter runs programs one after another), over 32-column segments."""
-    monkeypatch.setitem(norm_ops._HELD_ROWS, "cpu", True)
+# The backward rows held across programs on CPU: each program computes its row's partials
+# itself there (the interpreter runs programs one after another), over 32-column segments.
+HELD = SMALL.with_cpu(held_rows=True)
 
 
-# op: (tk forward, PyTorch forward, its held kernel's name), each forward taking (x, weight, bias)
-HELD_OPS = {
-    "rms_norm": (
-        lambda x, w, b: torch.ops.tk.rms_norm(x, w, 1e-6),
-        lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
-    ),
-    "layer_norm": (
-        lambda x, w, b: torch.ops.tk.layer_norm(x, [x.shape[-1]], w, b, 1e-5),
-        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
-    ),
-}
-
-
-def _backward(op, grad, x, weight, bias):
-    """The op's backward op on its own: (dx, dweight[, dbias])."""
-    if op == "rms_norm":
-        return torch.ops.tk.rms_norm_backward(grad, x, weight, 1e-6, weight is not None)
-    return torch.ops.tk.layer_norm_backward(grad, x, [x.shape[-1]], weight, 1e-5, weight is not None, bias is not None)
-
-
-@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype", DTYPES[:3])  # float64 keeps the two sweeps (see test_the_held_rows_rule)
 @pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
-def test_norm_backward_held_rows_match_float64(held_rows, launched, op, dtype, shape):
+def test_norm_backward_held_rows_match_float64(launched, op, dtype, shape):
     """Rows not cut evenly by segments (100 = 3 x 32 + 4; 33 = 32 + 1), rows not cut evenly by the
     rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight (and bias) and without,
     rows whose mean is far from 0 (layer norm merges its segments' moments, no cancellation), and a
     float32 grad of a 16-bit x (an autocast result's): the gradients against float64."""
     n = shape[-1]
-    tk_fn, torch_fn = HELD_OPS[op]
+    tk_fn, torch_fn = tuned(op, HELD), pytorch_norm(op)
     x = 100 + torch.randn(shape, dtype=dtype) if op == "layer_norm" else 3 + 2 * torch.randn(shape, dtype=dtype)
     weight, bias = params(n, "cpu", dtype)
     for w, b in ((weight, bias), (None, None)):
         launched.clear()
         leaves = [x.requires_grad_(), None if w is None else w.requires_grad_(), None if b is None else b.requires_grad_()]
         check_gradients(tk_fn, torch_fn, leaves, dtype)
-        names = [name for name, _ in launched]
+        names = [name for name, *_ in launched]
         assert f"{op}_backward_held_kernel" in names and f"{op}_backward_stats_kernel" not in names, names
     grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
     bias = bias if op == "layer_norm" else None
-    tk_grads = _backward(op, grad, x.detach(), weight, bias)
+    tk_grads = _backward(op, grad, x.detach(), weight, True, bias is not None, HELD)
     leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
     torch_fn(*leaves).backward(grad.double())
     for got, leaf in zip(tk_grads, leaves):
@@ -630,31 +660,29 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
     computes every partial of its rows and publishes its own), then each finds its rows' words
     published and combines those.  Both (dx, dw partials), and the words."""
     n_rows, n_cols = x.shape
-    kernels = ops.norms.engine.RMS_NORM_KERNELS if op == "rms_norm" else ops.norms.engine.LAYER_NORM_KERNELS
-    setup, segment, n_segments, rows_at_once = norm_ops._held_plan(
-        kernels, n_rows, n_cols, column_multiple(n_cols), x.element_size(), x.device
-    )
-    assert rows_at_once < n_rows / 2  # a program's rounds reach the segment two rows ahead
-    words = ops.blocks.held_rows.unpublished_words(x, n_rows, kernels.held_words * n_segments)
-    kernel = ops.blocks.held_rows.register_capped(kernels.backward_held, setup.warps, setup.registers)
+    plan = choose_backward_plan(Meta(op == "layer_norm", n_rows, n_cols, x.element_size(), grad.element_size()), HELD)
+    held = plan.held
+    assert plan.design == HELD_ROWS and held.rows_at_once < n_rows / 2  # a program's rounds reach the segment two rows ahead
+    words = ops.blocks.held_rows.unpublished_words(x, n_rows, held.words)
+    kernel = ops.blocks.held_rows.register_capped(norm_launch.KERNELS[plan.centered].backward_held, held.setup.warps,
+                                                  held.setup.registers)  # fmt: skip
     results = []
     for max_spins in (0, 1):
-        dx, dw_partial = torch.full_like(x, float("nan")), torch.full((rows_at_once, n_cols), float("nan"))
-        norm_ops.launcher(kernel, x)[(rows_at_once * n_segments,)](
-            grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, n_segments, rows_at_once, max_spins,
-            HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, SEGMENT=segment,
-            SEGMENTS_BLOCK=ops.blocks.held_rows.words_block(setup.warps, n_segments), COL_MULTIPLE=1, OVERLAPPED=False,
-            **{**norm_ops.held_layout(kernels, setup, n_cols, segment), "ROWS_AHEAD": rows_ahead},
+        dx, dw_partial = torch.full_like(x, float("nan")), torch.full((held.rows_at_once, n_cols), float("nan"))
+        launcher(kernel, x)[plan.grid](
+            grad, x, weight, dx, dw_partial, dx, words, n_rows, n_cols, 1e-6, held.n_segments, held.rows_at_once,
+            max_spins, HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=False, COL_MULTIPLE=1, OVERLAPPED=False,
+            **{**held.constexprs(), "ROWS_AHEAD": rows_ahead},
         )  # fmt: skip
         results.append((dx, dw_partial))
     return results, words
 
 
-@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows_ahead", [1, 2])
 @pytest.mark.parametrize("n_cols", [100, 96])
-def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dtype, rows_ahead, n_cols):
+def test_norm_held_rows_published_partials_give_the_same_bits(op, dtype, rows_ahead, n_cols):
     """The path a GPU takes when a row's programs all run at once (partials read from the words)
     and the one it takes when they do not (computed here): the same bits, with the next row's
     segment loaded ahead or the next two, on rows with a part segment (100 = 3 x 32 + 4) and rows
@@ -683,78 +711,115 @@ def test_norm_held_rows_published_partials_give_the_same_bits(held_rows, op, dty
         got = [halves[:, 0::2, 1], halves[:, 0::2, 0], halves[:, 1::2, 1], halves[:, 1::2, 0]]  # segment s: 2s, 2s + 1
         for g, e in zip(got, expected):
             torch.testing.assert_close(g.double(), e, rtol=1e-2, atol=1e-2)
-    reference = _backward(op, grad.double(), x.double(), weight.double(), None)[0]
+    reference = _backward(op, grad.double(), x.double(), weight.double(), True, False)[0]
     assert_close(dx_read, reference, dtype)
 
 
-def test_the_held_rows_rule(monkeypatch):
+def test_the_held_rows_rule():
     """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
     that takes a row (one warp a program up to 128 segments, then wider programs; layer norm's up to
     128 segments of 1024, then two sweeps, as for rows of no 16-element multiple) when its segments fit in the grid;
     float64 and the interpreter keep the two sweeps."""
-    h100 = type("Props", (), {"max_threads_per_multi_processor": 2048, "shared_memory_per_multiprocessor": 233472})()
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: h100)
-    monkeypatch.setattr(ops.blocks.held_rows, "sm_count", lambda index: 132)
-    ops.runtime.device.resident_programs_per_sm.cache_clear()
-    rms, ln, cuda = ops.norms.engine.RMS_NORM_KERNELS, ops.norms.engine.LAYER_NORM_KERNELS, torch.device("cuda", 0)
+    rms, ln = TUNING.rms_norm_held, TUNING.layer_norm_held
 
-    def held(kernels, n_rows, n_cols, widest, device=cuda):
-        return norm_ops._held_plan(kernels, n_rows, n_cols, column_multiple(n_cols), widest, device)
+    def held(centered, n_rows, n_cols, widest, facts=H100):
+        plan = choose_backward_plan(Meta(centered, n_rows, n_cols, widest, widest, facts))
+        if plan.held is None:
+            assert plan.design == LONG_ROWS
+            return None
+        assert plan.design == HELD_ROWS and plan.grid == (plan.held.rows_at_once * plan.held.n_segments,)
+        return plan.held.setup, plan.held.segment, plan.held.n_segments, plan.held.rows_at_once
 
-    try:
-        (bf16, bf16_wide), (fp32, fp32_wide) = rms.held_setups[2], rms.held_setups[4]
-        assert (bf16.segment, bf16.max_segments, bf16_wide.segment) == (512, 128, 2048)  # the numbers below follow
-        assert (fp32.segment, fp32.max_segments, fp32_wide.segment) == (512, 128, 1024)
-        # 16-bit: 20 programs an SM (96 registers on 1 warp), 2640: 41 rows of 64 segments at once
-        assert held(rms, 4096, 32768, 2) == (bf16, 512, 64, 41)
-        # 128 segments of 512 the last the one-warp setup takes; past that 2048 columns, 5 an SM
-        assert held(rms, 1024, 65536, 2) == (bf16, 512, 128, 20)
-        assert held(rms, 256, 65536 + 16, 2) == (bf16_wide, 2048, 33, 20)
-        # float32: 16 an SM (128 registers on 1 warp), 2112: 88 rows of 24 segments (the last of 512)
-        assert held(rms, 8192, 12288, 4) == (fp32, 512, 24, 88)
-        assert held(rms, 5, 16384, 4) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
-        # the longest row held: 8 an SM of 2 warps, 1056 segments of 1024; longer: two sweeps
-        assert held(rms, 2, 1056 * 1024, 4) == (fp32_wide, 1024, 1056, 1)
-        assert held(rms, 2, 1056 * 1024 + 1, 4) is None
-        assert held(rms, 4096, 32768, 8) is None  # float64
-        # layer norm: the one-warp setup up to 128 segments, 12 an SM (160 registers), then two sweeps
-        assert held(ln, 4096, 32768, 2) == (ln.held_setups[2][0], 512, 64, 24)
-        # past 128 segments of 512: 1024 columns on two warps, 6 an SM, up to 128 segments; then two sweeps
-        assert held(ln, 256, 65536 + 16, 2) == (ln.held_setups[2][1], 1024, 65, 12)
-        assert held(ln, 512, 131072, 4) == (ln.held_setups[4][1], 1024, 128, 6)
-        assert held(ln, 512, 131072 + 16, 2) is None
-        assert held(ln, 2000, 20000, 4) == (ln.held_setups[4][0], 512, 40, 39)
-        assert held(ln, 2000, 20008, 4) is None  # a row of no 16-element multiple
-        assert held(rms, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
-        assert held(rms, 4096, 32768, 2, torch.device("cpu")) is None  # off in the interpreter
-    finally:
-        ops.runtime.device.resident_programs_per_sm.cache_clear()
+    (bf16, bf16_wide), (fp32, fp32_wide) = rms.for_16_bit, rms.for_32_bit
+    assert (bf16.segment, bf16.max_segments, bf16_wide.segment) == (512, 128, 2048)  # the numbers below follow
+    assert (fp32.segment, fp32.max_segments, fp32_wide.segment) == (512, 128, 1024)
+    # 16-bit: 20 programs an SM (96 registers on 1 warp), 2640: 41 rows of 64 segments at once
+    assert held(False, 4096, 32768, 2) == (bf16, 512, 64, 41)
+    # 128 segments of 512 the last the one-warp setup takes; past that 2048 columns, 5 an SM
+    assert held(False, 1024, 65536, 2) == (bf16, 512, 128, 20)
+    assert held(False, 256, 65536 + 16, 2) == (bf16_wide, 2048, 33, 20)
+    # float32: 16 an SM (128 registers on 1 warp), 2112: 88 rows of 24 segments (the last of 512)
+    assert held(False, 8192, 12288, 4) == (fp32, 512, 24, 88)
+    assert held(False, 5, 16384, 4) == (fp32, 512, 32, 5)  # fewer rows than the grid holds
+    # the longest row held: 8 an SM of 2 warps, 1056 segments of 1024; longer: two sweeps
+    assert held(False, 2, 1056 * 1024, 4) == (fp32_wide, 1024, 1056, 1)
+    assert held(False, 2, 1056 * 1024 + 1, 4) is None
+    assert held(False, 4096, 32768, 8) is None  # float64
+    # layer norm: the one-warp setup up to 128 segments, 12 an SM (160 registers), then two sweeps
+    assert held(True, 4096, 32768, 2) == (ln.for_16_bit[0], 512, 64, 24)
+    # past 128 segments of 512: 1024 columns on two warps, 6 an SM, up to 128 segments; then two sweeps
+    assert held(True, 256, 65536 + 16, 2) == (ln.for_16_bit[1], 1024, 65, 12)
+    assert held(True, 512, 131072, 4) == (ln.for_32_bit[1], 1024, 128, 6)
+    assert held(True, 512, 131072 + 16, 2) is None
+    assert held(True, 2000, 20000, 4) == (ln.for_32_bit[0], 512, 40, 39)
+    assert held(True, 2000, 20008, 4) is None  # a row of no 16-element multiple
+    assert held(False, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
+    assert held(False, 4, 70016, 2, INTERPRETER) is None  # off in the interpreter, unless a tuning turns it on
+    assert choose_backward_plan(Meta(False, 4, 100, 2, 2), SMALL).design == LONG_ROWS
+    assert choose_backward_plan(Meta(False, 4, 100, 2, 2), HELD).design == HELD_ROWS
+
+
+def test_the_held_plan_follows_the_call():
+    """What the held kernel is launched with comes from its setup and the call: layer norm publishes
+    two words a segment and takes FULL (rows of whole segments, moments unmasked), RMS norm one word
+    and no FULL; the kernel overlaps its scratch fill where the call may (Meta.overlap_fill)."""
+    ln = choose_backward_plan(h100_meta(4096, 32768, 2)).held
+    assert (ln.words, ln.setup.rows_ahead, ln.overlap_fill, ln.max_spins) == (2 * 64, 2, False, 1 << 16)
+    assert ln.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 2, "FULL": True}
+    assert choose_backward_plan(h100_meta(4096, 32768 - 16, 2)).held.constexprs()["FULL"] is False
+    meta = dataclasses.replace(h100_meta(4096, 32768, 2, centered=False), overlap_fill=True)
+    rms = choose_backward_plan(meta).held
+    assert (rms.words, rms.setup.rows_ahead, rms.overlap_fill) == (64, 1, True)
+    assert rms.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 1}
 
 
 def test_a_held_setup_loads_one_or_two_rows_ahead():
     with pytest.raises(ValueError, match="rows_ahead is 1 or 2"):
-        norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=3)
-    assert norm_ops.HeldRows(512, 1, 160, 12, rows_ahead=2).rows_ahead == 2
+        HeldNormSetup(512, 1, 160, 12, rows_ahead=3)
+    assert HeldNormSetup(512, 1, 160, 12, rows_ahead=2).rows_ahead == 2
 
 
-def test_held_setups_without_a_held_kernel_are_refused():
-    """An op that names setups for rows held on chip must have the kernel they launch."""
-    kernels = ops.norms.engine.RMS_NORM_KERNELS
-    with pytest.raises(ValueError, match="held_setups name setups for a backward_held kernel, and there is none"):
-        dataclasses.replace(kernels, backward_held=None)
-    assert dataclasses.replace(kernels, backward_held=None, held_setups={}).held_setups == {}
+def test_an_op_without_held_setups_keeps_two_sweeps():
+    """The held design is an op's where its tuning names setups for it: without them, its long rows
+    take the two sweeps (the other op's are held as before)."""
+    tuning = dataclasses.replace(TUNING, rms_norm_held=HeldSetups())
+    assert choose_backward_plan(h100_meta(4096, 32768, 2, centered=False), tuning).design == LONG_ROWS
+    assert choose_backward_plan(h100_meta(4096, 32768, 2, centered=False)).design == HELD_ROWS
+    assert choose_backward_plan(h100_meta(4096, 32768, 2), tuning).design == HELD_ROWS
+
+
+def test_a_tuning_shrinks_the_interpreters_constants_only():
+    small = TUNING.with_cpu(max_block=64, column_sum_block=(2, 8))
+    assert (small.max_block, small.column_sum_block) == (ByKind(32768, 64), ByKind((256, 8), (2, 8)))
+    assert dataclasses.replace(small, max_block=TUNING.max_block, column_sum_block=TUNING.column_sum_block) == TUNING
+    with pytest.raises(TypeError, match="not per-kind fields"):
+        TUNING.with_cpu(cpu_programs=8)
+
+
+def _backward_planned(op, grad, x, weight, bias, tuning=TUNING, **meta_changes):
+    """The op's backward as an eager call runs it (kernels launched directly), through its plan,
+    with `meta_changes` made to the call's Meta: (dx, dweight, dbias or None)."""
+    centered, n_cols = op == "layer_norm", x.shape[-1]
+
+    def body():
+        meta = dataclasses.replace(describe_backward(centered, grad, x, n_cols), **meta_changes)
+        plan = choose_backward_plan(meta, tuning)
+        weight_grad, bias_grad = weight is not None, bias is not None and centered
+        return norm_launch.run_backward(plan, grad, x, weight, EPS[op], weight_grad, bias_grad, (n_cols,))
+
+    return run_direct(body, (), {})
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", HELD_OPS)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
+def test_norm_held_rows_on_the_gpu(launched, op, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments and rows of whole ones
     (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, against
     float64; and a run in which no program waits (each computes its rows' partials itself) gives the
     same bits as the run in which they read each other's words, as does a run in which the kernel
     starts only after its scratch fill ends."""
-    tk_fn, torch_fn = HELD_OPS[op]
+    torch_fn = pytorch_norm(op)
     rms_cases = [(1000, 20001), (40, 70001)]
     ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072)]  # the last two: 1024 columns a program
     for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
@@ -763,19 +828,18 @@ def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
         weight, bias = params(n_cols, "cuda", dtype)
         bias = bias if op == "layer_norm" else None
         launched.clear()
-        grads = _backward(op, grad, x, weight, bias)
-        assert [name for name, _ in launched] == [f"{op}_backward_held_kernel", "column_sum_kernel"]
+        grads = _op_backward(op, grad, x, weight, bias)
+        assert [name for name, *_ in launched] == [f"{op}_backward_held_kernel", "column_sum_kernel"]
+        overlapped = can_overlap_fill(device_facts(x.device))  # the eager call's kernel starts during its fill
+        assert launched[0][2]["OVERLAPPED"] == overlapped
         leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
         torch_fn(*leaves).backward(grad.double())
         for got, leaf in zip(grads, leaves):
             assert_close(got, leaf.grad, dtype)
-        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 0)
-        alone = _backward(op, grad, x, weight, bias)
-        monkeypatch.setitem(norm_ops._MAX_SPINS, "cuda", 1 << 16)
+        alone = _backward_planned(op, grad, x, weight, bias, dataclasses.replace(TUNING, max_spins=ByKind(0, 0)))
         assert all(torch.equal(a, b) for a, b in zip(alone, grads))
-        monkeypatch.setattr(ops.blocks.held_rows, "OVERLAP_FILL", False)
-        after_fill = _backward(op, grad, x, weight, bias)
-        monkeypatch.setattr(ops.blocks.held_rows, "OVERLAP_FILL", True)
+        after_fill = _backward_planned(op, grad, x, weight, bias, overlap_fill=False)
+        assert not launched[-2][2]["OVERLAPPED"]
         assert all(torch.equal(a, b) for a, b in zip(after_fill, grads))
 
 
@@ -784,10 +848,11 @@ def test_norm_held_rows_on_the_gpu(launched, monkeypatch, op, dtype):
 def test_the_short_row_backward_tile_rule(widest, sms):
     """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
     SM; the 2048-column 16-bit exception takes half that, two an SM.  With fewer tiles than programs
-    the tile is halved, not below 8 KB.  A tile of at most _LOAD_AHEAD_BYTES loads ahead."""
+    the tile is halved, not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
     for n_rows in [1, 3, 100, 1000, 1 << 20]:
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
-            block_m, block_n, warps, per_sm = norm_ops._backward_tile(n_rows, n_cols, "cuda", widest, sms)
+            meta = h100_meta(n_rows, n_cols, widest, sm_count=sms)
+            block_m, block_n, warps, per_sm = backward_tile(meta)
             assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
             exception = (widest, block_n) == (2, 2048)
             tile_bytes = 8192 if exception else 16384
@@ -801,12 +866,23 @@ def test_the_short_row_backward_tile_rule(widest, sms):
             if block_m > 1 and block_m * block_n * widest > 8192:
                 assert tiles >= sms * per_sm  # not halved: enough tiles
             assert warps == min(max(block_m * block_n * widest // (32 * 32), 1), 32)
-    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 2, 132) == (2, 4096, 16, 1)
-    assert norm_ops._backward_tile(1 << 20, 4096, "cuda", 4, 132) == (1, 4096, 16, 1)
-    assert norm_ops._backward_tile(1 << 20, 2048, "cuda", 2, 132) == (2, 2048, 8, 2)
-    assert norm_ops._backward_tile(1 << 20, 8192, "cuda", 4, 132) == (1, 8192, 32, 1)
-    assert norm_ops._backward_tile(1024, 1024, "cuda", 2, 132) == (4, 1024, 8, 1)  # 128 tiles of 8 rows: halved
-    assert norm_ops._backward_tile(1024, 1024, "cuda", 4, 132) == (4, 1024, 16, 1)  # 256 tiles of 4 rows
+            plan = choose_backward_plan(meta)
+            if plan.design != SHORT_ROWS:  # float64 rows past half the block: two registers a value
+                assert (widest, n_cols) == (8, 8192) and plan.design == LONG_ROWS
+                continue
+            assert (plan.block_m, plan.block_n, plan.warps) == (block_m, block_n, warps)
+            assert plan.load_ahead == (block_m * block_n * widest <= 16384)
+    cases = [(1 << 20, 4096, 2), (1 << 20, 4096, 4), (1 << 20, 2048, 2), (1 << 20, 8192, 4), (1024, 1024, 2), (1024, 1024, 4)]
+    plans = [choose_backward_plan(h100_meta(n_rows, n_cols, widest)) for n_rows, n_cols, widest in cases]
+    assert [(p.block_m, p.block_n, p.warps, p.grid) for p in plans] == [
+        (2, 4096, 16, (132,)),
+        (1, 4096, 16, (132,)),
+        (2, 2048, 8, (264,)),  # two an SM
+        (1, 8192, 32, (132,)),
+        (4, 1024, 8, (128,)),  # 128 tiles of 8 rows: halved to 256 of 4; programs of at least 8 rows
+        (4, 1024, 16, (128,)),  # 256 tiles of 4 rows
+    ]
+    assert [p.load_ahead for p in plans] == [True, True, True, False, True, True]  # float32 8192: after the store
 
 
 # ------------------------------------------------------------ PyTorch side
@@ -1108,13 +1184,10 @@ def test_the_held_norm_kernels_wait_for_their_fill():
     tests/blocks/test_held_rows.py)."""
     from triton.compiler import ASTSource
 
-    from ops.norms.engine import LAYER_NORM_KERNELS
-    from ops.norms.engine import RMS_NORM_KERNELS
-
     for overlapped in (False, True):
-        for kernels in (RMS_NORM_KERNELS, LAYER_NORM_KERNELS):
-            setup = kernels.held_setups[2][0]
-            kernel = kernels.backward_held
+        for centered in (False, True):
+            setup = TUNING.held_setups(centered).for_16_bit[0]
+            kernel = norm_launch.KERNELS[centered].backward_held
             signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
             signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
             constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=True, SEGMENT=setup.segment,

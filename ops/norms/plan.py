@@ -1,0 +1,566 @@
+"""The norms' plan: which design runs a call, on which blocks and grid, as a pure function of what the call is.
+
+For each row of N elements (the normalized dims flattened into one), layer norm:
+
+    mean = sum(x) / N,   var = sum((x - mean)^2) / N,   rstd = 1 / sqrt(var + eps)
+    xhat = (x - mean) * rstd,                            y = xhat * w + b
+    g = dy * w,   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dw = sum over rows of dy * xhat,                     db = sum over rows of dy
+
+RMS norm is the same computation without the centering: mean = 0 (var is
+then the mean square), no bias, no mean(g) term.  So the kernels take a
+CENTERED flag, both ops run through the same plan and launches, and each
+op's own kernels are thin wrappers that fix the flag (kernels.py).
+Statistics are computed in float32 (float64 for float64 inputs) whatever
+the storage dtype.
+
+Forward, two designs, by row length:
+
+* SHORT_ROWS (next_power_of_2(N) <= Tuning.max_block): a program normalizes
+  a tile of BLOCK_M whole rows, loaded once and reduced in registers: one
+  read and one write per element, the minimum.  Rows much shorter than a
+  block are stacked BLOCK_M to a tile so that each program still moves about
+  Tuning.tile elements (one 128-column row per program would leave most
+  lanes idle).
+* LONG_ROWS: one program per row, two sweeps over BLOCK_N-column chunks.
+  The first gathers the statistics, the second writes y (its reads mostly
+  hit L2, which has just seen the row).  Mean and variance come out of the
+  single first sweep by merging per-chunk moments (Chan et al.): with each
+  chunk's mean and M2 = sum((x - mean)^2),
+
+      delta = mean_b - mean_a,   n = n_a + n_b,   mean = mean_a + delta * n_b / n
+      M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+
+  which, unlike sum(x^2) / N - mean^2, does not cancel when |mean| >> std.
+
+Backward, three designs, by row length:
+
+* SHORT_ROWS: a fixed number of programs (one an SM, see backward_tile for
+  the exceptions), each looping over row tiles, the next tile's loads in
+  flight during this one's math.  A program loads a tile of x and dy once,
+  recomputes mean and rstd, writes dx, and adds dy * xhat (and dy) to dw/db
+  accumulators held in registers for its whole run.  At the end it writes
+  them as its own row of a (n_programs, N) scratch; a second kernel sums the
+  scratch's columns (dw's and db's in one launch).  No atomics: each scratch
+  row has one writer, the result is the same bits on every run, and the
+  column sum reads a few hundred partial rows, little next to x.
+* HELD_ROWS (CUDA, rows a setup of Tuning.held_setups takes): the rows held
+  on chip across programs (the protocol: ops/blocks/held_rows.py), a
+  segment of each a program, so x and dy are read once; each program's dw/db
+  accumulator over its rows is one row of the scratch.
+* LONG_ROWS: neither a row nor its dw accumulator fits in registers.  A
+  first kernel sweeps each row once for mean, rstd, mean(g) and
+  mean(g * xhat) (merged chunk by chunk as above, the last through the
+  co-moment of x and g); a second runs over a (row group, column chunk)
+  grid, writes dx for its chunk of each row of its group and accumulates
+  that chunk of dw/db in registers into the scratch; then the same column
+  sum.  x and dy are read twice, the price of rows longer than a block.
+
+Saved statistics or recomputed ones: recomputed.  The backward reads every
+row of x and dy anyway, and mean and rstd come out of the very pass that
+computes the row sums the gradient needs (in registers for short rows, in
+the statistics sweep for long ones), so recomputing costs a few flops per
+element in a memory-bound kernel and no extra memory traffic.  Saving them
+would make the forward write, and the backward read, two more tensors, and
+the op return three outputs (or be split into a second registered op) for
+no measurable gain.  The autograd therefore keeps x and weight only.
+
+A call is described by a ``Meta`` (``describe_forward``, ``describe_backward``:
+the only place that asks the device or the call context), and
+``choose_forward_plan`` / ``choose_backward_plan`` turn it into a frozen plan
+using nothing but the constants of a ``Tuning``; launch.py runs a plan.  A
+test plans for an H100 on any machine by building a Meta with
+``facts=H100``, and reaches every design with small tensors by passing a
+smaller Tuning (``TUNING.with_cpu(...)``).
+"""
+
+from dataclasses import dataclass, fields, replace
+from typing import Generic, Optional, TypeVar
+
+import torch
+
+from ..blocks.alignment import column_multiple
+from ..blocks.held_rows import HeldSetup, fit_rows, may_overlap_fill, words_block
+from ..blocks.sizes import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
+from ..runtime import INTERPRETER, DeviceFacts, device_facts
+
+# The designs (see the module docstring).
+NO_ROWS = "no_rows"  # nothing to normalize: outputs only
+SHORT_ROWS = "short_rows"
+LONG_ROWS = "long_rows"
+HELD_ROWS = "held_rows"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ByKind(Generic[T]):
+    """A constant with one value for the GPU and one for Triton's interpreter (DeviceFacts.kind).
+
+    The interpreter has no registers, only a Python cost per program and step:
+    its values keep the programs few and the blocks large."""
+
+    cuda: T
+    cpu: T
+
+    def __getitem__(self, kind: str) -> T:
+        return self.cuda if kind == "cuda" else self.cpu
+
+
+@dataclass(frozen=True)
+class HeldNormSetup(HeldSetup):
+    """A setup of a norm's held backward: HeldSetup's fields, and the rows its kernel loads ahead
+    (ROWS_AHEAD): 1, the next row's segment; 2, also the one after, in flight while the program
+    polls and writes (a third segment's registers)."""
+
+    rows_ahead: int = 1
+
+    def __post_init__(self):
+        if self.rows_ahead not in (1, 2):
+            raise ValueError(
+                f"HeldNormSetup: rows_ahead is 1 or 2 (rows the kernels load ahead), got {self.rows_ahead}"
+            )
+
+
+@dataclass(frozen=True)
+class HeldSetups:
+    """One op's setups for backward rows held on chip, by the widest input's element size; a row
+    takes the first that takes it (HeldSetup.takes).  None for float64: it keeps two sweeps."""
+
+    for_16_bit: tuple[HeldNormSetup, ...] = ()
+    for_32_bit: tuple[HeldNormSetup, ...] = ()
+
+    def of(self, element_size: int) -> tuple[HeldNormSetup, ...]:
+        return {2: self.for_16_bit, 4: self.for_32_bit}.get(element_size, ())
+
+
+@dataclass(frozen=True)
+class TileException:
+    """A short-row backward tile the byte rule does not give: rows of a `block_n`-lane block whose
+    widest input has `element_size`-byte elements take tiles of `tile` elements, `programs_per_sm`
+    programs an SM."""
+
+    element_size: int
+    block_n: int
+    tile: int
+    programs_per_sm: int
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every constant of the norms' plans, each with why it is what it is.  Measurements are H100
+    numbers from docs/perf-notes.md (the version is named at each); "% of a copy" is bandwidth
+    against a copy of the same bytes."""
+
+    # Longest row normalized in one block, and how many warps share it.  A
+    # thread has at most 64K / threads registers (128 with 16 warps, 64 with
+    # 32).  The forward keeps x, w, b and y live: a 16384-column row on 32
+    # warps takes about 55 registers (ptxas, sm_90), on 16 warps it spills.  A
+    # 32768-column row on 32 warps (32 elements a thread) ran at 97% of copy
+    # bandwidth on an H100 (rms_norm bf16 4096x32768; 94% layer_norm), where
+    # the two-sweep long-row kernel got 64%; at 65536 it spills (48%).  The
+    # backward keeps x, dy, w, xhat, g and two accumulators live: see
+    # backward_tile_bytes for its tiles.  float64 values take two registers: half
+    # the blocks and tiles on the GPU (float64 on CUDA is for tests, not speed).
+    max_block: ByKind[int] = ByKind(cuda=32768, cpu=1 << 16)
+    max_block_backward: ByKind[int] = ByKind(cuda=8192, cpu=1 << 16)
+
+    # Short rows are stacked up to about `tile` elements a program (float32; half that for 16-bit
+    # rows on the GPU), `forward_per_thread` a thread.  H100, forward, % of a copy, tiles of 4096
+    # elements (before) against 2048 and 1024 (docs/perf-notes.md, version 29): bf16 layer_norm at
+    # 262144x128 / 65536x256 / 16384x768 / 32768x1000 / 16384x1536: 96 / 93 / 86 / 95 / 96, 94 / 94
+    # / 99 / 98 / 98, 97 / 98 / 99 / 97 / 98; float32 at 65536x256 / 16384x768 / 16384x1536: 96 / 99
+    # / 99, 97 / 99 / 97, 98 / 96 / 97.
+    tile: ByKind[int] = ByKind(cuda=2048, cpu=1 << 14)
+    forward_per_thread: int = 16
+
+    # The forward loads w and b beside x (AFFINE_FIRST) for blocks of at most this many columns.
+    # H100, % of a copy, w and b after the reductions -> beside x, kept in L2: layer_norm
+    # float32 65536x256 / 16384x2048 / 16384x4096 98.0 / 97.2 / 97.5 -> 99.1 / 98.8 / 99.6, bf16
+    # 65536x256 / 32768x1000 / 16384x4096 92.6 / 94.1 / 99.1 -> 98.3 / 97.4 / 100.8; rms_norm
+    # fp16 16384x4096 99.7 -> 100.5.  Rows of 8192 columns and more (16-32 warps, 16 a thread)
+    # lost 10-30 points: w and b held through the reductions take a program an SM away, or spill.
+    # (docs/perf-notes.md, version 34.)
+    affine_first_max_block: int = 4096
+
+    # Long rows, both directions: columns a step, and the backward's elements a thread in
+    # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
+    chunk: ByKind[int] = ByKind(cuda=4096, cpu=1 << 14)
+    long_row_backward_per_thread: int = 8
+    # The long-row backward's (row group, chunk) programs on the GPU: about this many an SM,
+    # spread over the chunks (the interpreter's: cpu_programs).
+    programs_per_sm: int = 2
+
+    # The short-row backward, one program an SM, each loading its next tile during this
+    # tile's math where a tile of the widest input is at most load_ahead_bytes (the
+    # program then holds two tiles: 81-128 registers a thread, so a second program an SM
+    # would only queue behind the first).  A tile is about 16 KB of the widest input, 32
+    # bytes of it a thread: float32 4096 elements on 16 warps, 16-bit 8192 on 16 warps.
+    # Float32 tiles of 8192 columns (32 warps at their 64-register limit) spill loading
+    # ahead, and load after the store.  H100, layer_norm, % of a same-size copy:
+    #   version 27, loading ahead, one an SM (two an SM loading after the store before):
+    #   65536x256 / 4096x4096 / 16384x4096 / 8192x8192 / 16384x8192 / 262144x128 bf16
+    #   54 / 60 / 71 / 63 / 67 / 75 -> 61 / 67 / 76 / 82 / 84 / 73; float32 77 / 82 / 92
+    #   / 87 / 90 / 84 -> 84 / 88 / 93 / 82 / 84 / 91 (8192 columns after the store: 89 / 91);
+    #   version 28, 16-bit tiles of 4096 at 8 a thread -> 8192 at 16 a thread, bf16 at
+    #   262144x128 / 65536x256 / 65536x512 / 32768x1000 / 65536x1024 / 16384x3072 /
+    #   16384x4096 / 8192x8192: 73 / 61 / 70 / 67 / 75 / 60 / 76 / 86 -> 85 / 69 / 78 /
+    #   77 / 87 / 78 / 91 / 90.  Float32 tiles of 4096 at 16 a thread (8 warps, 160-188
+    #   registers) lost 1-23 points.
+    # An input of fewer tiles than programs (a small one) leaves SMs idle and each program's one
+    # tile unhidden: its tiles are halved, down to min_backward_tile_bytes.  Version 31, bf16
+    # 1024x1024, CUDA-graph time: rms 12.4 -> 8.2 µs (eager 9.4), layer norm 19.5 -> 12.8.
+    # (docs/perf-notes.md, versions 27, 28 and 31.)
+    short_row_programs_per_sm: int = 1
+    load_ahead_bytes: int = 16384
+    backward_tile_bytes: int = 16384
+    min_backward_tile_bytes: int = 8192
+    backward_thread_bytes: int = 32
+    # 16-bit rows of a 2048-column block are the exception: 4 rows a tile on 16 warps ran at
+    # 50-63%, 2 rows on 8 warps at 63-78 one an SM (versions 27 and 28), and **two an SM** at 86-93
+    # (version 31: bf16 16384x2048 rms 81 -> 92, layer norm 75 -> 86).
+    backward_exceptions: tuple[TileException, ...] = (TileException(2, 2048, tile=4096, programs_per_sm=2),)
+
+    # Backward rows past max_block_backward held on chip across programs, by the first setup of
+    # the op's that takes a row (keyed by the widest input's element size); float64, and rows no
+    # setup takes, keep the two-sweep design.  A program holds `segment` columns of x and dy,
+    # twice (this row's and the next's; three times with rows_ahead 2), and of its accumulators,
+    # on `warps` warps at most `registers` registers a thread, `programs_per_sm` an SM, for rows
+    # of at most `max_segments` segments (None: as many as the grid holds).  One warp a program
+    # reduces and polls without a barrier: up to 128 segments a row it won everywhere.  H100, % of
+    # a copy of the same bytes at 8192x12288 / 4096x32768 / 1024x65536 / 256x262144
+    # (docs/perf-notes.md, versions 30, 32 and 38):
+    #   rms bf16: two sweeps 59 / 59 / 50 / 48; 2048 / 4 / 96 / 5: 79 / 79 / 73 / 64;
+    #     512 / 1 / 96 / 20: 90 / 89 / 82 / 18 (a row of 512 segments waits on 512 programs).
+    #   rms float32: 59 / 59 / 56 / 55; 1024 / 2 / 128 / 8: 87 / 86 / 82 / 71; 512 / 1 / 128 / 16:
+    #     91 / 94 / 93 / 61.
+    #   layer norm (two words a segment, two accumulators): two sweeps bf16 51 / 51 / 43 / 39,
+    #     float32 59 / 59 / 52 / 49; 512 / 1 / 128 / 16: bf16 69 / 69 / 60 / 10, float32 88 / 83 /
+    #     75 / 20; the setups of 2-8 warps 35-54 in bf16 (spills).  Version 38: both words of a
+    #     segment in one poll, bf16 73 / 72 / 55; then bf16 with a third row's segment in flight
+    #     (rows_ahead 2) at 160 registers, 12 an SM, 77 / 74 / 55 (at 144 planned as 14 an SM, 46-66:
+    #     12 run, see DeviceFacts.resident_programs_per_sm); float32 at 160 registers (no spill), 12
+    #     an SM, 92 / 87 / 78.  RMS norm with rows_ahead 2 lost (bf16 needs 144 registers, float32
+    #     192).  Version 39: the moments unmasked on rows of whole segments, bf16 4096x32768 74 ->
+    #     77; rows past 128 segments of 512 (65537 to 131072 columns) on 1024 / 2 / 160 / 6,
+    #     512x131072 bf16 328 -> 280 us, float32 527 -> 401 us against two sweeps (at 4096x32768
+    #     and 1024x65536 it lost to 512 / 1).  At 2000x20001, rows of no 16-element multiple (loads
+    #     of one element), float32 fell from 54 to 39 (bf16 33 both): layer norm holds only rows of
+    #     a length that is a multiple of `col_multiple` (ops/blocks/alignment.py).
+    layer_norm_held: HeldSetups = HeldSetups(
+        for_16_bit=(
+            HeldNormSetup(512, 1, 160, 12, max_segments=128, col_multiple=16, rows_ahead=2),
+            HeldNormSetup(1024, 2, 160, 6, max_segments=128, col_multiple=16, rows_ahead=2),
+        ),
+        for_32_bit=(
+            HeldNormSetup(512, 1, 160, 12, max_segments=128, col_multiple=16),
+            HeldNormSetup(1024, 2, 160, 6, max_segments=128, col_multiple=16),
+        ),
+    )
+    # One warp a program up to 128 segments a row, then wider programs (see layer_norm_held).
+    rms_norm_held: HeldSetups = HeldSetups(
+        for_16_bit=(HeldNormSetup(512, 1, 96, 20, max_segments=128), HeldNormSetup(2048, 4, 96, 5)),
+        for_32_bit=(HeldNormSetup(512, 1, 128, 16, max_segments=128), HeldNormSetup(1024, 2, 128, 8)),
+    )
+    # The interpreter runs one program after another: held rows are off on CPU, except in
+    # tests, which then take the path that computes the partials itself, over
+    # cpu_held_segment columns, on the first setup's warps.
+    held_rows: ByKind[bool] = ByKind(cuda=True, cpu=False)
+    cpu_held_segment: int = 32
+    max_spins: ByKind[int] = ByKind(cuda=1 << 16, cpu=0)  # polls of a row's words before computing its partials here
+
+    cpu_programs: int = 4  # the interpreter's backward programs: few, as each costs Python time
+    min_rows_per_program: int = 8  # keeps the dw/db scratch (rows of N float32) small next to x
+
+    # (BLOCK_P, BLOCK_N) of column_sum_kernel, on column_sum_warps.  H100, µs for 132 / 264 partial
+    # rows of 1024 columns: (64, 32) 2.6 / 3.4, (256, 8) 2.2 / 2.4; of 4096 columns 3.6 / 6.5
+    # against 3.0 / 4.6 (docs/perf-notes.md, version 31).
+    column_sum_block: ByKind[tuple[int, int]] = ByKind(cuda=(256, 8), cpu=(64, 1 << 12))
+    column_sum_warps: int = 4
+
+    def held_setups(self, centered: bool) -> HeldSetups:
+        """The setups of layer norm's held backward (centered) or RMS norm's."""
+        return self.layer_norm_held if centered else self.rms_norm_held
+
+    def with_cpu(self, **values) -> "Tuning":
+        """This tuning with the interpreter's value of each named per-kind field replaced, e.g.
+        ``TUNING.with_cpu(max_block=64, chunk=16)``: what tests shrink to reach every design
+        with small tensors (plain fields: ``dataclasses.replace``)."""
+        per_kind = {f.name for f in fields(self) if isinstance(getattr(self, f.name), ByKind)}
+        unknown = set(values) - per_kind
+        if unknown:
+            raise TypeError(f"Tuning.with_cpu: {sorted(unknown)} are not per-kind fields ({sorted(per_kind)})")
+        return replace(self, **{name: replace(getattr(self, name), cpu=v) for name, v in values.items()})
+
+
+TUNING = Tuning()
+
+
+# --------------------------------------------------------------------------
+# What a call is.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A norm call as its plan sees it: rows of n_cols (contiguous), element sizes in bytes,
+    the device's facts, and the call context the held backward depends on."""
+
+    centered: bool  # layer norm; False: RMS norm
+    n_rows: int
+    n_cols: int
+    x_size: int  # bytes of an element of x (8: float64, two registers a value on the GPU)
+    grad_size: int = 0  # a backward's incoming gradient (0 for a forward)
+    facts: DeviceFacts = INTERPRETER
+    overlap_fill: bool = False  # a held kernel may start while its scratch fill runs (may_overlap_fill)
+
+    @property
+    def widest(self) -> int:
+        """The widest input's element size: it picks the backward's tiles and held setups."""
+        return max(self.x_size, self.grad_size)
+
+
+def _rows(x: torch.Tensor, n_cols: int) -> int:
+    return x.numel() // n_cols if n_cols else 0
+
+
+def describe_forward(centered: bool, x: torch.Tensor, n_cols: int) -> Meta:
+    """The Meta of a forward of a contiguous x seen as rows of n_cols."""
+    return Meta(centered, _rows(x, n_cols), n_cols, x.element_size(), facts=device_facts(x.device))
+
+
+def describe_backward(centered: bool, grad: torch.Tensor, x: torch.Tensor, n_cols: int) -> Meta:
+    """The Meta of a backward of contiguous grad and x seen as rows of n_cols; the only place that
+    asks whether this call may overlap a scratch fill."""
+    facts = device_facts(x.device)
+    return Meta(
+        centered, _rows(x, n_cols), n_cols, x.element_size(), grad.element_size(), facts, may_overlap_fill(facts)
+    )
+
+
+# --------------------------------------------------------------------------
+# Plans.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How a forward runs: `design` on `grid`, blocks of BLOCK_M rows by BLOCK_N columns (LONG_ROWS:
+    one row, BLOCK_N a chunk) on `warps` warps."""
+
+    centered: bool
+    design: str
+    n_rows: int
+    n_cols: int
+    col_multiple: int = 1  # COL_MULTIPLE (ops/blocks/alignment.py)
+    grid: tuple = ()
+    block_m: int = 1
+    block_n: int = 0
+    warps: int = 1
+    affine_first: bool = False  # SHORT_ROWS: w and b loaded beside x
+
+
+@dataclass(frozen=True)
+class HeldRowsPlan:
+    """A held backward's launch: programs of `segment` columns, `n_segments` a row, `rows_at_once`
+    rows a round, on the capped kernel of `setup` (its warps, register cap and rows_ahead)."""
+
+    setup: HeldNormSetup
+    segment: int
+    n_segments: int
+    rows_at_once: int
+    words: int  # the scratch's words a row
+    segments_block: int  # SEGMENTS_BLOCK: a row's words, at least one a thread (words_block)
+    max_spins: int
+    overlap_fill: bool  # the kernel starts while its scratch fill runs
+    full: Optional[bool]  # FULL, rows of whole segments (layer norm's kernel; None: RMS norm's has none)
+
+    def constexprs(self) -> dict:
+        """The held kernel's constexprs that follow from the plan."""
+        layout = {"SEGMENT": self.segment, "SEGMENTS_BLOCK": self.segments_block, "ROWS_AHEAD": self.setup.rows_ahead}
+        return layout if self.full is None else {**layout, "FULL": self.full}
+
+
+@dataclass(frozen=True)
+class ColumnSumPlan:
+    """column_sum_kernel over the dw/db scratch: `blocks` of BLOCK_N columns, BLOCK_P partial rows a step."""
+
+    blocks: int
+    block_p: int
+    block_n: int
+    warps: int
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """How a backward runs: `design` on `grid`, its dw/db scratch of `partial_rows` rows, then the
+    column sum.  SHORT_ROWS: tiles of BLOCK_M rows by BLOCK_N columns; LONG_ROWS: BLOCK_N is the
+    chunk, the statistics sweep a program a row; HELD_ROWS: `held`."""
+
+    centered: bool
+    design: str
+    n_rows: int
+    n_cols: int
+    col_multiple: int = 1
+    grid: tuple = ()
+    partial_rows: int = 0  # the programs', row groups' or rows at once
+    block_m: int = 1
+    block_n: int = 0
+    warps: int = 1
+    load_ahead: bool = False  # SHORT_ROWS: the next tile's loads issued before this tile's math
+    held: Optional[HeldRowsPlan] = None
+    column_sum: Optional[ColumnSumPlan] = None
+
+
+def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
+    """A tile of short rows a program, or a row a program in two sweeps (see the module docstring)."""
+    n_rows, n_cols = meta.n_rows, meta.n_cols
+    if n_rows == 0 or n_cols == 0:
+        return ForwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
+    col_multiple = column_multiple(n_cols)
+    if _fits_a_block(tuning.max_block, meta):
+        block_m, block_n = _row_tile(meta, tuning)
+        return ForwardPlan(
+            meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
+            warps_for(block_m * block_n, tuning.forward_per_thread), block_n <= tuning.affine_first_max_block,
+        )  # fmt: skip
+    chunk = tuning.chunk[meta.facts.kind]
+    return ForwardPlan(
+        meta.centered, LONG_ROWS, n_rows, n_cols, col_multiple, (n_rows,), 1, chunk,
+        warps_for(chunk, tuning.forward_per_thread),
+    )  # fmt: skip
+
+
+def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
+    """Short rows in persistent tiles, long rows held on chip where a setup takes them, else two
+    sweeps; then the column sum of the dw/db scratch (see the module docstring)."""
+    n_rows, n_cols = meta.n_rows, meta.n_cols
+    if n_rows == 0 or n_cols == 0:
+        return BackwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
+    col_multiple = column_multiple(n_cols)
+    kind = meta.facts.kind
+    block_p, sum_block_n = tuning.column_sum_block[kind]
+    sum_block_n = min(sum_block_n, next_power_of_2(n_cols))
+    column_sum = ColumnSumPlan(cdiv(n_cols, sum_block_n), block_p, sum_block_n, tuning.column_sum_warps)
+    common = dict(
+        centered=meta.centered, n_rows=n_rows, n_cols=n_cols, col_multiple=col_multiple, column_sum=column_sum
+    )
+    widest = meta.widest
+    if _fits_a_block(tuning.max_block_backward, meta):
+        block_m, block_n, warps, per_sm = backward_tile(meta, tuning)
+        programs = _partial_rows(cdiv(n_rows, block_m), n_rows, _target_programs(meta, tuning, per_sm), tuning)
+        return BackwardPlan(
+            design=SHORT_ROWS, grid=(programs,), partial_rows=programs, block_m=block_m, block_n=block_n, warps=warps,
+            load_ahead=block_m * block_n * widest <= tuning.load_ahead_bytes, **common,
+        )  # fmt: skip
+    held = _held_rows(meta, col_multiple, tuning)
+    if held is not None:
+        return BackwardPlan(
+            design=HELD_ROWS, grid=(held.rows_at_once * held.n_segments,), partial_rows=held.rows_at_once, held=held,
+            **common,
+        )  # fmt: skip
+    chunk = tuning.chunk[kind]
+    n_chunks = cdiv(n_cols, chunk)
+    # About as many programs as the short-row design, spread over the chunks.
+    target = _target_programs(meta, tuning, tuning.programs_per_sm)
+    n_groups = _partial_rows(cdiv(target, n_chunks), n_rows, target, tuning)
+    return BackwardPlan(
+        design=LONG_ROWS, grid=(n_groups, n_chunks), partial_rows=n_groups, block_n=chunk,
+        warps=warps_for(chunk, per_thread=tuning.long_row_backward_per_thread), **common,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# The rules the plans are made of.
+# --------------------------------------------------------------------------
+
+
+def _register_limit(limits: ByKind, meta: Meta) -> int:
+    """An element limit of `limits`, halved for float64 on the GPU (two registers a value)."""
+    limit = limits[meta.facts.kind]
+    return limit // 2 if meta.facts.cuda and meta.x_size == 8 else limit
+
+
+def _fits_a_block(limits: ByKind, meta: Meta) -> bool:
+    """Whether a row is held in one block (the short-row designs)."""
+    return next_power_of_2(meta.n_cols) <= _register_limit(limits, meta)
+
+
+def _row_tile(meta: Meta, tuning: Tuning) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about `tuning.tile`
+    elements (half that for 16-bit rows on the GPU)."""
+    block_n = next_power_of_2(meta.n_cols)
+    tile = _register_limit(tuning.tile, meta)
+    if meta.facts.cuda and meta.x_size == 2:
+        tile //= 2  # measured, see Tuning.tile
+    return rows_in_tile(meta.n_rows, block_n, tile), block_n
+
+
+def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs an SM) of the short-row backward: about
+    backward_tile_bytes of the widest input a tile, backward_thread_bytes a thread,
+    short_row_programs_per_sm, but for backward_exceptions; halved while the tiles are fewer
+    than the programs the SMs run, not below min_backward_tile_bytes.  The interpreter: the
+    forward's tile, one warp."""
+    if not meta.facts.cuda:
+        return (*_row_tile(meta, tuning), 1, tuning.short_row_programs_per_sm)
+    n_rows, widest = meta.n_rows, meta.widest
+    block_n = next_power_of_2(meta.n_cols)
+    tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm
+    for exception in tuning.backward_exceptions:
+        if (exception.element_size, exception.block_n) == (widest, block_n):
+            tile, per_sm = exception.tile, exception.programs_per_sm
+            break
+    block_m = rows_in_tile(n_rows, block_n, tile)
+    sms = meta.facts.sm_count
+    while (
+        block_m > 1
+        and block_m * block_n * widest > tuning.min_backward_tile_bytes
+        and cdiv(n_rows, block_m) < sms * per_sm
+    ):
+        block_m //= 2
+    return block_m, block_n, warps_for(block_m * block_n, per_thread=tuning.backward_thread_bytes // widest), per_sm
+
+
+def _partial_rows(work_items, n_rows, target: int, tuning: Tuning) -> int:
+    """How many programs share a backward, each writing one partial row: at most `target`, never
+    more than the work items (tiles, or row groups), and at least min_rows_per_program rows each:
+    a program with one row would write a float32 partial as large as the row it read, and the
+    column sum would read it all again."""
+    bound = at_most(n_rows // tuning.min_rows_per_program, target)
+    return max(1, at_most(work_items, bound))
+
+
+def _target_programs(meta: Meta, tuning: Tuning, per_sm: int) -> int:
+    """`per_sm` programs on every SM; the interpreter's cpu_programs."""
+    return per_sm * meta.facts.sm_count if meta.facts.cuda else tuning.cpu_programs
+
+
+def _held_rows(meta: Meta, col_multiple: int, tuning: Tuning) -> Optional[HeldRowsPlan]:
+    """The held backward's plan; None where rows are not held: off on this kind of device, float64,
+    or a row no setup takes (more segments than its max_segments, a row length whose
+    column_multiple is not a multiple of the setup's col_multiple, or more segments than the
+    grid holds)."""
+    kind = meta.facts.kind
+    setups = tuning.held_setups(meta.centered).of(meta.widest)
+    if not setups or not tuning.held_rows[kind]:
+        return None
+    if not meta.facts.cuda:
+        setup, programs, segment = setups[0], tuning.cpu_programs, tuning.cpu_held_segment
+    else:
+        setup = next((s for s in setups if s.takes(meta.n_cols, col_multiple)), None)
+        if setup is None:
+            return None
+        segment, programs = setup.segment, setup.programs(meta.facts)
+    found = fit_rows(meta.n_rows, cdiv(meta.n_cols, segment), programs)
+    if found is None:
+        return None
+    n_segments, rows_at_once = found
+    # What each op's held kernel publishes (held.py): layer norm two words a segment, (mean x,
+    # M2 of x) and (mean g, sum((x - mean x) * g)); RMS norm one, (sum(x^2), sum(x * g)).
+    words_a_segment = 2 if meta.centered else 1
+    return HeldRowsPlan(
+        setup, segment, n_segments, rows_at_once, words_a_segment * n_segments,
+        words_block(setup.warps, n_segments), tuning.max_spins[kind], meta.overlap_fill,
+        meta.n_cols % segment == 0 if meta.centered else None,
+    )  # fmt: skip
