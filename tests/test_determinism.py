@@ -20,53 +20,40 @@ configurations, whose sums run in different orders.  The last test bounds the
 difference between every configuration.
 """
 
-import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from unittest import mock
 
 import pytest
 import torch
 import triton
+import tuned
 from reference import TOLERANCE, rel_error
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.cross_entropy.op import cross_entropy_with_tuning
 from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
 from ops.matmul import kernels as matmul_module
-from ops.softmax import op as softmax_module
-from ops.runtime.device import set_scratch_allocator, sm_count, tma_available
 from ops.runtime import launcher
+from ops.runtime.device import set_scratch_allocator, sm_count, tma_available
+from ops.softmax.plan import TUNING as SOFTMAX_TUNING
 
 tk = torch.ops.tk
 RUNS = {"cpu": 3, "cuda": 5}  # the interpreter is slow, and numpy has no scheduling to vary
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float64: torch.int64}
 
 
-@contextlib.contextmanager
-def small_softmax_blocks():
-    """The CPU constants of ops/softmax.py shrunk: rows of a few hundred columns take every design."""
-    with (
-        mock.patch.dict(softmax_module._MAX_BLOCK, {"cpu": 64}),
-        mock.patch.dict(softmax_module._CHUNK, {"cpu": 16}),
-        mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", 2),
-        mock.patch.object(softmax_module, "_CPU_PROGRAMS", 8),
-    ):
-        yield
+# Softmax planned with smaller CPU constants: rows of a few hundred columns take every design.
+SMALL_SOFTMAX_BLOCKS = dataclasses.replace(
+    SOFTMAX_TUNING, cpu_max_block=64, cpu_chunk=16, min_segment_chunks=2, cpu_programs=8
+)
+HELD_ROWS_ON_CPU = dataclasses.replace(SMALL_SOFTMAX_BLOCKS, cpu_held_rows=True)  # each program computes the partials
+WITHOUT_HELD_ROWS = dataclasses.replace(SOFTMAX_TUNING, held_rows=False)  # CUDA rows past a block read x twice
 
 
-@contextlib.contextmanager
-def cooperative_rows_on_cpu():
-    """Rows held across programs on CPU too (the interpreter: each program computes its row's partials)."""
-    with small_softmax_blocks(), mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": True}):
-        yield
-
-
-@contextlib.contextmanager
-def without_cooperative_rows():
-    """CUDA rows past a block take the designs that read x twice, as float64 rows and the longest rows do."""
-    with mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cuda": False}):
-        yield
+def softmax_with(cpu_tuning, cuda_tuning):
+    """tk.softmax planned with one Tuning on the CPU and another on CUDA, run as an eager call of the op runs it."""
+    return lambda x, dim: tuned.softmax(cuda_tuning if x.is_cuda else cpu_tuning, eager=True)(x, dim)
 
 
 # Cross entropy's reductions over the rows in chunks of 4 rows on CPU: many parts, as on a GPU.
@@ -87,8 +74,6 @@ class Repeat:
     call: Callable  # the tk call: a tensor or a tuple of tensors
     deterministic: bool = True
     drift: float | None = None  # for the others: max relative norm difference to the first run
-    context: Callable = contextlib.nullcontext  # around the CPU runs
-    cuda_context: Callable = contextlib.nullcontext  # around the CUDA runs
 
 
 def sized(device, cpu, cuda):
@@ -108,11 +93,11 @@ def with_grads(fn, *inputs, seed=1):
     return (out.detach(), *torch.autograd.grad(out, leaves, weight))
 
 
-SOFTMAX_DESIGNS = {  # (rows, columns) on CPU and on CUDA reaching each design, and the contexts that do it
-    "one block": ((7, 50), (4096, 1024), small_softmax_blocks, contextlib.nullcontext),
-    "looped": ((9, 70), (1024, 65536), small_softmax_blocks, without_cooperative_rows),
-    "split rows": ((3, 200), (64, 1 << 20), small_softmax_blocks, without_cooperative_rows),
-    "rows across programs": ((5, 100), (1024, 65536), cooperative_rows_on_cpu, contextlib.nullcontext),
+SOFTMAX_DESIGNS = {  # (rows, columns) on CPU and on CUDA reaching each design, and the tunings that do it
+    "one block": ((7, 50), (4096, 1024), SMALL_SOFTMAX_BLOCKS, SOFTMAX_TUNING),
+    "looped": ((9, 70), (1024, 65536), SMALL_SOFTMAX_BLOCKS, WITHOUT_HELD_ROWS),
+    "split rows": ((3, 200), (64, 1 << 20), SMALL_SOFTMAX_BLOCKS, WITHOUT_HELD_ROWS),
+    "rows across programs": ((5, 100), (1024, 65536), HELD_ROWS_ON_CPU, SOFTMAX_TUNING),
 }
 
 REPEATS = [
@@ -126,13 +111,12 @@ REPEATS = [
     *[
         Repeat(f"softmax {design} {str(dtype)[6:]}",
                lambda d, cpu=cpu, cuda=cuda, dtype=dtype: (randn(d, *sized(d, cpu, cuda), dtype=dtype),),
-               lambda x: with_grads(lambda t: tk.softmax(t, -1), x),
-               context=cpu_context, cuda_context=cuda_context)
-        for design, (cpu, cuda, cpu_context, cuda_context) in SOFTMAX_DESIGNS.items()
+               lambda x, s=softmax_with(cpu_tuning, cuda_tuning): with_grads(lambda t: s(t, -1), x))
+        for design, (cpu, cuda, cpu_tuning, cuda_tuning) in SOFTMAX_DESIGNS.items()
         for dtype in (torch.float32, torch.bfloat16)
     ],
     Repeat("softmax along dim 0", lambda d: (randn(d, *sized(d, (100, 3), (3001, 4099))),),
-           lambda x: with_grads(lambda t: tk.softmax(t, 0), x), context=small_softmax_blocks),
+           lambda x, s=softmax_with(SMALL_SOFTMAX_BLOCKS, SOFTMAX_TUNING): with_grads(lambda t: s(t, 0), x)),
     *[
         Repeat(f"matmul {str(dtype)[6:]}",
                lambda d, dtype=dtype: (randn(d, *sized(d, (70, 130), (4096, 4096)), dtype=dtype),
@@ -195,8 +179,7 @@ def assert_repeatable(name, results, deterministic=True, drift=None):
 @pytest.mark.parametrize("case", REPEATS, ids=[r.name for r in REPEATS])
 def test_same_input_same_bits(case, device):
     args = case.make(device)
-    with case.context() if device == "cpu" else case.cuda_context():
-        results = repeat(case.call, args, RUNS[device])
+    results = repeat(case.call, args, RUNS[device])
     assert all(torch.isfinite(t).all() for t in results[0]), f"{case.name}: non-finite output on a finite input"
     assert_repeatable(case.name, results, case.deterministic, case.drift)
 

@@ -5,8 +5,8 @@ Hypothesis draws each example: a shape (small primes, sizes just below, at
 and above the kernels' block sizes, sometimes a zero), a dtype, a layout per
 input (contiguous, permuted, sliced with a step, at an odd storage offset,
 expanded from a size-1 dim), a scale for the values and sometimes NaN or
-infinities among them.  For softmax on the CPU it also draws the design
-constants, so that tiny rows take every design (one block, the looped
+infinities among them.  For softmax on the CPU it also draws a Tuning, its
+constants shrunk, so that tiny rows take every design (one block, the looped
 kernel, split rows).
 
 The oracle, for each output:
@@ -33,6 +33,7 @@ reference and the magnitude of its outputs) and a line in ``FUZZ``.
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -41,13 +42,13 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+import tuned
+from hypothesis import HealthCheck, given, settings, strategies as st
 from reference import TOLERANCE, pytorch_gelu
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.matmul import kernels as matmul_module
-from ops.softmax import op as softmax_module
+from ops.softmax.plan import TUNING as SOFTMAX_TUNING
 
 tk = torch.ops.tk
 # Huge values and infinities make the interpreter's numpy warn of overflow: expected, not a problem.
@@ -299,32 +300,6 @@ def check_gelu(case, device):
 # softmax ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SoftmaxDesign:
-    """The CPU constants of ops/softmax.py, shrunk so that tiny rows take every design."""
-
-    max_block: int
-    chunk: int
-    min_segment_chunks: int
-    programs: int
-    cooperative: bool  # rows past a block held across programs (on CPU: each computes its row's partials)
-    segment: int
-    row_tile: int  # short rows stacked to about this many elements a program
-
-    @contextlib.contextmanager
-    def applied(self):
-        with (
-            mock.patch.dict(softmax_module._MAX_BLOCK, {"cpu": self.max_block}),
-            mock.patch.dict(softmax_module._CHUNK, {"cpu": self.chunk}),
-            mock.patch.object(softmax_module, "_MIN_SEGMENT_CHUNKS", self.min_segment_chunks),
-            mock.patch.object(softmax_module, "_CPU_PROGRAMS", self.programs),
-            mock.patch.dict(softmax_module._COOPERATIVE_ROWS, {"cpu": self.cooperative}),
-            mock.patch.object(softmax_module, "_CPU_SEGMENT", self.segment),
-            mock.patch.dict(softmax_module._ROW_TILE, {"cpu": self.row_tile}),
-        ):
-            yield
-
-
 SOFTMAX_COLS = {"cpu": [255, 256, 257, *POOLS["cpu"]], "cuda": [65537, 70001, *POOLS["cuda"]]}
 
 
@@ -342,36 +317,38 @@ def softmax_cases(draw, device):
         position = draw(st.integers(0, rank - 1))
         shape = others[:position] + (n_cols,) + others[position:]
         dim = position - rank if draw(st.booleans()) else position
-    design = None
+    tuning = None  # the op as registered; on the CPU a Tuning shrunk so that tiny rows take every design
     if device == "cpu":
-        design = SoftmaxDesign(
-            max_block=draw(st.sampled_from([16, 16, 64, 1 << 16])),
-            chunk=draw(st.sampled_from([16, 32])),
+        tuning = dataclasses.replace(
+            SOFTMAX_TUNING,
+            cpu_max_block=draw(st.sampled_from([16, 16, 64, 1 << 16])),
+            cpu_chunk=draw(st.sampled_from([16, 32])),
             min_segment_chunks=draw(st.sampled_from([1, 2])),
-            programs=draw(st.sampled_from([1, 8, 21])),
-            cooperative=draw(st.booleans()),
-            segment=draw(st.sampled_from([16, 32])),
-            row_tile=draw(st.sampled_from([1, 64, 1 << 14])),
+            cpu_programs=draw(st.sampled_from([1, 8, 21])),
+            # rows past a block held across programs (on the CPU each program computes its row's partials)
+            cpu_held_rows=draw(st.booleans()),
+            cpu_segment=draw(st.sampled_from([16, 32])),
+            cpu_row_tile=draw(st.sampled_from([1, 64, 1 << 14])),
         )
-    return dtype, dim, design, draw(inputs(shape))
+    return dtype, dim, tuning, draw(inputs(shape))
 
 
 def check_softmax(case, device):
-    dtype, dim, design, x = case
+    dtype, dim, tuning, x = case
+    softmax = tk.softmax if tuning is None else tuned.softmax(tuning)
 
     def grad_magnitude(v, w, _):
         y = torch.softmax(v[0], dim)
         dot = (w * y).sum(dim, keepdim=True) if y.dim() else w * y
         return [y * (w.abs() + dot.abs())]
 
-    with design.applied() if design else contextlib.nullcontext():
-        run_case(
-            [x], dtype, device,
-            tk_fn=lambda t: tk.softmax(t, dim),
-            ref_fn=lambda t: torch.softmax(t, dim),
-            fwd_magnitude=lambda v, out: out.abs(),
-            grad_magnitude=grad_magnitude,
-        )  # fmt: skip
+    run_case(
+        [x], dtype, device,
+        tk_fn=lambda t: softmax(t, dim),
+        ref_fn=lambda t: torch.softmax(t, dim),
+        fwd_magnitude=lambda v, out: out.abs(),
+        grad_magnitude=grad_magnitude,
+    )  # fmt: skip
 
 
 # matmul -----------------------------------------------------------------------

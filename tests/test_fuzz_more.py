@@ -8,7 +8,7 @@ shape pools (small sizes, primes, each side of the block sizes), the same
 layouts (contiguous, permuted, sliced with a step, at an odd storage offset,
 expanded from a size-1 dim), value scales and, one time in six, NaN or
 infinities among the values.  On the CPU the ops with several designs also
-draw their design constants, shrunk so that tiny rows take each design: the
+draw a Tuning, its constants shrunk so that tiny rows take each design: the
 norms' long-row kernels, multi-program backward and column sums, and cross
 entropy's multi-chunk online logsumexp and looped reductions.
 
@@ -33,15 +33,14 @@ float64 reference, its magnitudes) and a line in ``FUZZ``.  A failure found
 here becomes a fixed case, marked ``xfail(strict=True)`` until the op is fixed.
 """
 
-import contextlib
-import importlib
+import dataclasses
 import math
 from dataclasses import dataclass
-from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+import tuned
 from hypothesis import strategies as st
 from reference import TOLERANCE
 from test_fuzz import DTYPES, POOLS, RANKS, Fuzz, Input, Layout, dims, inputs, pull_back, run_fuzz
@@ -49,6 +48,7 @@ from test_fuzz import DTYPES, POOLS, RANKS, Fuzz, Input, Layout, dims, inputs, p
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.cross_entropy.op import cross_entropy_with_tuning
 from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
+from ops.norms.plan import TUNING as NORM_TUNING
 from ops.tour.rgb_to_grayscale import torchvision_rgb_to_grayscale
 
 tk = torch.ops.tk
@@ -142,28 +142,6 @@ def run_case(names, op_inputs, dtype, device, tk_fn, ref_fn, fwd_magnitude, grad
         check_output(f"gradient of {name}", g, e, m, t, dtype, 2 * TOLERANCE[dtype], False)
 
 
-@dataclass(frozen=True)
-class Design:
-    """Module constants replaced for one example (on the CPU: shrunk, so that
-    tiny tensors take the designs meant for long rows): ((module, name, value), ...),
-    a dict's "cpu" entry where the constant is a per-device dict."""
-
-    constants: tuple = ()  # ((module name, constant name, value), ...)
-
-    @contextlib.contextmanager
-    def applied(self):
-        with contextlib.ExitStack() as stack:
-            for module_name, name, value in self.constants:
-                module = importlib.import_module(module_name)
-                current = getattr(module, name)
-                if isinstance(current, dict):
-                    stack.enter_context(mock.patch.dict(current, {"cpu": value}))
-                else:
-                    stack.enter_context(mock.patch.object(module, name, value))
-            yield
-
-
-NO_DESIGN = Design()
 
 
 def _pick(draw, options):
@@ -335,17 +313,19 @@ NORM_EPS = [2.0**-20, 2.0**-17, 2.0**-10]
 
 @st.composite
 def norm_design(draw, device):
+    """None (the default Tuning), or on the CPU a Tuning shrunk so that tiny rows take every design."""
     if device != "cpu" or _pick(draw, ["default", "shrunk", "shrunk"]) == "default":
-        return NO_DESIGN
-    return Design((
-        ("ops.norms.engine", "_MAX_BLOCK", _pick(draw, [16, 64, 1 << 16])),
-        ("ops.norms.engine", "_MAX_BLOCK_BACKWARD", _pick(draw, [16, 32, 1 << 16])),
-        ("ops.norms.engine", "_TILE", _pick(draw, [16, 32, 1 << 14])),
-        ("ops.norms.engine", "_CHUNK", _pick(draw, [16, 32])),
-        ("ops.norms.engine", "_COLUMN_SUM_BLOCK", _pick(draw, [(2, 8), (4, 16), (64, 1 << 12)])),
-        ("ops.norms.engine", "_CPU_PROGRAMS", _pick(draw, [1, 3, 8])),
-        ("ops.norms.engine", "_MIN_ROWS_PER_PROGRAM", _pick(draw, [1, 2, 8])),
-    ))  # fmt: skip
+        return None
+    shrunk = NORM_TUNING.with_cpu(
+        max_block=_pick(draw, [16, 64, 1 << 16]),
+        max_block_backward=_pick(draw, [16, 32, 1 << 16]),
+        tile=_pick(draw, [16, 32, 1 << 14]),
+        chunk=_pick(draw, [16, 32]),
+        column_sum_block=_pick(draw, [(2, 8), (4, 16), (64, 1 << 12)]),
+    )
+    return dataclasses.replace(
+        shrunk, cpu_programs=_pick(draw, [1, 3, 8]), min_rows_per_program=_pick(draw, [1, 2, 8])
+    )
 
 
 @st.composite
@@ -420,18 +400,18 @@ def check_rms_norm(case, device):
         dw = (w.abs() * xhat).reshape(-1, n).sum(0)
         return [dx, dw][: len(v)]
 
-    with design.applied():
-        run_case(
-            names, op_inputs, dtype, device,
-            tk_fn=call(tk.rms_norm),
-            ref_fn=call(lambda t, w, e: F.rms_norm(t, (n,), w, e)),
-            fwd_magnitude=fwd_magnitude,
-            grad_magnitude=grad_magnitude,
-            # The exact answer is the definition, x * rsqrt(mean(x**2) + eps) * w:
-            # on a row holding inf, PyTorch's CUDA kernel makes the whole row NaN
-            # where the definition (and PyTorch's CPU kernel) gives x * 0 = 0.
-            exact_fn=call(lambda t, w, e: t * rstd_of(t) * (1 if w is None else w)),
-        )  # fmt: skip
+    tk_rms_norm = tk.rms_norm if design is None else (lambda t, w, e: tuned.norm("rms_norm", design, e)(t, w, None))
+    run_case(
+        names, op_inputs, dtype, device,
+        tk_fn=call(tk_rms_norm),
+        ref_fn=call(lambda t, w, e: F.rms_norm(t, (n,), w, e)),
+        fwd_magnitude=fwd_magnitude,
+        grad_magnitude=grad_magnitude,
+        # The exact answer is the definition, x * rsqrt(mean(x**2) + eps) * w:
+        # on a row holding inf, PyTorch's CUDA kernel makes the whole row NaN
+        # where the definition (and PyTorch's CPU kernel) gives x * 0 = 0.
+        exact_fn=call(lambda t, w, e: t * rstd_of(t) * (1 if w is None else w)),
+    )  # fmt: skip
 
 
 def check_layer_norm(case, device):
@@ -446,7 +426,9 @@ def check_layer_norm(case, device):
 
     def tk_fn(*v):
         t, w, b = split(v)
-        return tk.layer_norm(t, normalized, w, b, eps)
+        if design is None:
+            return tk.layer_norm(t, normalized, w, b, eps)
+        return tuned.norm("layer_norm", design, eps, normalized_shape=normalized)(t, w, b)
 
     def ref_fn(*v):
         # The normalized dims flattened into one: on CUDA, PyTorch's backward for
@@ -483,8 +465,7 @@ def check_layer_norm(case, device):
             out.append(dy.reshape(param_shape).sum(0))
         return out
 
-    with design.applied():
-        run_case(names, op_inputs, dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnitude)
+    run_case(names, op_inputs, dtype, device, tk_fn, ref_fn, fwd_magnitude, grad_magnitude)
 
 
 # ---------------------------------------------------------------------------
@@ -650,8 +631,8 @@ def test_the_oracle_catches_a_wrong_kernel(monkeypatch):
     x = Input((7, 33), Layout("contiguous"), seed=1, scale=3.0)
     w = Input((33,), Layout("contiguous"), seed=2, scale=1.0)
     with pytest.raises(AssertionError, match="forward: error"):
-        check_rms_norm((torch.float32, x, w, None, NO_DESIGN), "cpu")
-    check_rms_norm((torch.float16, x, w, None, NO_DESIGN), "cpu")  # within float16's tolerance: passes
+        check_rms_norm((torch.float32, x, w, None, None), "cpu")
+    check_rms_norm((torch.float16, x, w, None, None), "cpu")  # within float16's tolerance: passes
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

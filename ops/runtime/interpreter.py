@@ -25,7 +25,6 @@ import contextlib
 import threading
 
 import numpy as np
-
 import triton.compiler.code_generator  # noqa: F401  (imported before any patching: see the docstring)
 from triton.language import core as tl_core
 from triton.runtime import interpreter

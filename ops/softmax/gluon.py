@@ -1,6 +1,6 @@
 """Softmax's held forward in Gluon: the next round's segment waits in shared memory.
 
-The held forward that publishes and then waits (``softmax_forward_cooperative_kernel``) holds a row
+The held forward that publishes and then waits (``softmax_forward_held_kernel``) holds a row
 segment on chip while the row's programs wait for each other, and loads the
 next round's segment early so that the memory keeps working during the
 wait.  Written in Triton, both segments live in registers: a 16-bit forward

@@ -83,7 +83,7 @@ def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner
 
 
 @triton.jit
-def softmax_forward_cooperative_kernel(
+def softmax_forward_held_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
     OVERLAPPED: tl.constexpr,

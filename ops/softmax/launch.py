@@ -11,7 +11,7 @@ import torch
 
 from ..blocks.held_rows import held_rows_scratch, register_capped
 from ..runtime import launcher
-from .held import softmax_backward_lagged_kernel, softmax_forward_cooperative_kernel, softmax_forward_lagged_kernel
+from .held import softmax_backward_lagged_kernel, softmax_forward_held_kernel, softmax_forward_lagged_kernel
 from .kernels import (
     softmax_backward_kernel,
     softmax_backward_looped_kernel,
@@ -75,7 +75,7 @@ _KERNELS = {
 
 # The held-rows kernels by (direction, family): held.py's in Triton, gluon.py's forwards.
 _HELD_KERNELS = {
-    (FORWARD, PUBLISH_THEN_WAIT): softmax_forward_cooperative_kernel,
+    (FORWARD, PUBLISH_THEN_WAIT): softmax_forward_held_kernel,
     (FORWARD, LAGGED): softmax_forward_lagged_kernel,
     (BACKWARD, LAGGED): softmax_backward_lagged_kernel,
 }

@@ -30,7 +30,7 @@ from ..runtime import DeviceFacts
 FORWARD, BACKWARD = "forward", "backward"  # y = softmax(x), and dx from dy and y
 
 # The kernels of rows held on chip across programs (held.py, gluon.py).
-PUBLISH_THEN_WAIT = "publish_then_wait"  # publish this row's partial, then wait (softmax_forward_cooperative_kernel)
+PUBLISH_THEN_WAIT = "publish_then_wait"  # publish this row's partial, then wait (softmax_forward_held_kernel)
 LAGGED = "lagged"  # publish the next row's partial before waiting for this row's (the *_lagged_kernel)
 STAGED = "staged"  # Gluon: the next segments staged in shared memory (softmax_forward_staged_kernel)
 STAGED_AHEAD = "staged_ahead"  # Gluon: staged and publishing a round ahead (softmax_forward_staged_ahead_kernel)

@@ -4,20 +4,13 @@ Each test runs on the CPU (the Triton kernels through the interpreter, small
 sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
-import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, pytorch_gelu, rel_error, strided_versions
+from reference import DEVICES, DTYPES, assert_close, leaf64, pytorch_gelu, strided_versions
 
 from ops import gelu as gelu_ops  # the modules, for their design constants
-from ops.matmul import op as matmul_ops
-from ops.softmax import op as softmax_ops
-from ops.blocks.alignment import column_multiple
-from ops.blocks import held_rows as cooperative
-from ops.blocks.held_rows import UNPUBLISHED, unpublished_words, words_block
 
 
 def pick(device, cpu, cuda):

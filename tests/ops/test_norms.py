@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+import tuned as tuned_ops
 from ptx_checks import assert_publishes_without_release, assert_waits_for_the_fill_before_the_scratch, build_for_hopper
 from reference import (
     DEVICES,
@@ -340,30 +341,9 @@ SMALL = dataclasses.replace(
 EPS = {"rms_norm": 1e-6, "layer_norm": 1e-5}
 
 
-class _Tuned(torch.autograd.Function):
-    """A norm over the last dim by its entry points with one tuning: the registered op's formula
-    (x and weight saved, the backward op's gradients where asked), for a tuning the op cannot take."""
-
-    @staticmethod
-    def forward(ctx, op, tuning, dtype, x, weight, bias):
-        ctx.op, ctx.tuning = op, tuning
-        ctx.save_for_backward(x, weight)
-        if op == "rms_norm":
-            return rms_norm_entry.forward(x, weight, EPS[op], dtype, tuning=tuning)
-        return layer_norm_entry.forward(x, [x.shape[-1]], weight, bias, EPS[op], dtype, tuning=tuning)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        weight_grad, bias_grad = ctx.needs_input_grad[4:6]
-        grads = _backward(ctx.op, grad, x, weight, weight_grad, bias_grad, ctx.tuning)
-        dx, dw, db = (*grads, None)[:3]
-        return None, None, None, dx, dw if weight_grad else None, db if bias_grad else None
-
-
 def tuned(op, tuning, dtype=None):
-    """fn(x, w, b): tk's `op` with `tuning`, differentiable (RMS norm takes no bias)."""
-    return lambda x, w, b: _Tuned.apply(op, tuning, dtype, x, w, b if op == "layer_norm" else None)
+    """fn(x, w, b): tk's `op` with `tuning`, differentiable (tests/tuned.py; RMS norm takes no bias)."""
+    return tuned_ops.norm(op, tuning, EPS[op], dtype)
 
 
 def pytorch_norm(op):

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+import tuned as tuned_ops
 from ptx_checks import assert_publishes_without_release, assert_waits_for_the_fill_before_the_scratch, build_for_hopper
 from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_error, strided_versions
 
@@ -220,26 +221,9 @@ SMALL = replace(TUNING, cpu_max_block=64, cpu_chunk=16, min_segment_chunks=2, cp
 SMALL_HELD = replace(SMALL, cpu_held_rows=True)
 
 
-class _TunedSoftmax(torch.autograd.Function):
-    """tk's softmax through its Python entry points with a given Tuning, and the registered
-    op's gradient: backward(dy, y, dim, x's dtype) with the same Tuning."""
-
-    @staticmethod
-    def forward(ctx, x, dim, dtype, tuning):
-        y = softmax_op.forward(x, dim, dtype, tuning=tuning)
-        ctx.save_for_backward(y)
-        ctx.dim, ctx.input_dtype, ctx.tuning = dim, x.dtype, tuning
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return softmax_op.backward(grad, y, ctx.dim, ctx.input_dtype, tuning=ctx.tuning), None, None, None
-
-
 def tuned(tuning):
-    """softmax(x, dim, dtype=None) planned with `tuning`'s constants, forward and backward."""
-    return lambda x, dim, dtype=None: _TunedSoftmax.apply(x, dim, dtype, tuning)
+    """softmax(x, dim, dtype=None) planned with `tuning`'s constants, forward and backward (tests/tuned.py)."""
+    return tuned_ops.softmax(tuning)
 
 
 def kernel_name(kernel) -> str:
@@ -297,7 +281,7 @@ DESIGN_KERNELS = {  # forward, then backward
         "softmax_backward_partial_dot_kernel",
         "softmax_backward_segments_kernel",
     ],
-    "publish_then_wait": ["softmax_forward_cooperative_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
+    "publish_then_wait": ["softmax_forward_held_kernel", "softmax_backward_lagged_kernel"],  # 16-bit rows
     "lagged": ["softmax_forward_lagged_kernel", "softmax_backward_lagged_kernel"],  # float32 rows
     "staged": ["softmax_forward_staged_kernel", "softmax_backward_lagged_kernel"],  # the Gluon forward
     "staged_ahead": ["softmax_forward_staged_ahead_kernel", "softmax_backward_lagged_kernel"],  # its longest rows

@@ -639,11 +639,12 @@ def test_calls_with_buffers_besides_their_outputs_are_replayed_from_cpp(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_softmax_rows_held_across_programs_are_replayed_from_cpp(dtype):
-    """The cooperative softmax allocates its scratch and fills it with a kernel (not
+    """The held-rows softmax allocates its scratch and fills it with a kernel (not
     torch.full, which would keep every call in Python): its calls replay, with the
     Python path's bits, forward and backward, also inside a CUDA graph.  On Hopper the
     replay launches the kernel as a programmatic dependent of the fill, and the fill as usual."""
-    from ops.blocks.held_rows import overlaps_fill_on
+    from ops.blocks.held_rows import can_overlap_fill
+    from ops.runtime import device_facts
 
     x = torch.randn(8, 65536, device="cuda", dtype=dtype)
     y = torch.softmax(x.float(), -1).to(x.dtype)
@@ -668,7 +669,7 @@ def test_softmax_rows_held_across_programs_are_replayed_from_cpp(dtype):
             op(*args)  # through the hook: no kernel runs
         finally:
             native_module.set_launch_hook(None)
-        assert launches == [False, overlaps_fill_on(x.device)], op  # the fill, then the kernel
+        assert launches == [False, can_overlap_fill(device_facts(x.device))], op  # the fill, then the kernel
 
 
 # Ops whose backward is a declared formula (register_formula): a call that needs
@@ -707,8 +708,8 @@ def test_each_cpp_node_gives_the_gradients_of_the_python_formula(name):
 
 @pytest.mark.gpu
 def test_a_formula_registered_later_replaces_the_declared_one_on_both_paths():
-    from ops.tour import square
     from ops.runtime import GRAD, register_formula
+    from ops.tour import square
 
     x = torch.randn(64, device="cuda", requires_grad=True)
     assert torch.ops.tk.square(x).grad_fn.name() == "TkSquareBackward"
