@@ -162,7 +162,7 @@ def _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner):
 
 
 @triton.jit
-def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr,
+def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments,
                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
     """Every segment's sum(dy * y) of a row, computed by this program (see _segments_max_sum_here)."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
@@ -170,26 +170,26 @@ def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NA
     for segment in range(0, n_segments):
         cols = segment * SEGMENT + tl.arange(0, SEGMENT)
         dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
-        part_dot = tl.where(segments == segment, _segment_dot(dy, y, NATIVE_16BIT), part_dot)
+        part_dot = tl.where(segments == segment, _segment_dot(dy, y), part_dot)
     return part_dot
 
 
 @triton.jit
-def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT: tl.constexpr,
+def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments,
                  OVERLAPPED: tl.constexpr):  # fmt: skip
     """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y.
     OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
     dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
     wait_for_fill(OVERLAPPED)
     if row < n_rows:
-        publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y, NATIVE_16BIT)))
+        publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y)))
     return dy, y
 
 
 @triton.jit
 def softmax_backward_lagged_kernel(
     dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
-    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, NATIVE_16BIT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
     OVERLAPPED: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead (see
@@ -197,18 +197,18 @@ def softmax_backward_lagged_kernel(
     before the wait for this row's words, then dx is written."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments, NATIVE_16BIT,
+    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments,
                          OVERLAPPED)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
         dy_next, y_next = _publish_dot(dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments,
-                                       NATIVE_16BIT, False)  # fmt: skip
+                                       False)  # fmt: skip
         words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             _, part_dot = unpack(words)
         else:
-            part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, NATIVE_16BIT, SEGMENT, SEGMENTS_BLOCK)
+            part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
             # Read this segment again rather than keep it in registers through the loop above.
             dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
         dot = tl.sum(part_dot, axis=0)

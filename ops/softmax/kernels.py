@@ -192,47 +192,31 @@ def _compute_dtype(x):
 
 
 @triton.jit
-def _rounded_product(a, b, NATIVE_16BIT: tl.constexpr):
-    """a * b rounded to their storage dtype, returned in the compute dtype.
-
-    On the GPU the multiply runs in the storage dtype.  Triton's interpreter
-    cannot multiply 16-bit floats (it multiplies their bit patterns), so there
-    the float32 product is rounded instead: the same bits, as the product of
-    two 16-bit floats is exact in float32."""
-    if NATIVE_16BIT:
-        product = a * b
-    else:
-        product = (_compute_dtype(a) * _compute_dtype(b)).to(a.dtype)
-    return _compute_dtype(product)
-
-
-@triton.jit
-def _segment_dot(dy, y, NATIVE_16BIT: tl.constexpr):
-    """sum(dy * y) along the last axis (a segment's, or each row's of a tile),
-    each product rounded as in softmax_backward_kernel."""
-    return tl.sum(_rounded_product(dy, y, NATIVE_16BIT), axis=len(dy.shape) - 1)
+def _segment_dot(dy, y):
+    """sum(dy * y) along the last axis (a segment's, or each row's of a tile), each product
+    taken and summed in float32 (float64 for float64) from the stored values."""
+    return tl.sum(_compute_dtype(dy) * _compute_dtype(y), axis=len(dy.shape) - 1)
 
 
 @triton.jit
 def softmax_backward_kernel(
     dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, inner,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_16BIT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
     """dx = y * (dy - sum(dy * y)), a tile of BLOCK_M whole rows in one block.
 
-    dy and y stay in their storage dtype in registers: each product dy * y is
-    rounded to it, then summed in float32, and dx is computed in float32 from
-    the stored values.  Upcasting both to float32 on load doubles the
-    registers a 16-bit row needs: a 65536-column row spilled (12-35% of copy
-    on an H100) where this form ran at 76-92%.  The products' rounding adds
-    less error than PyTorch's own kernel has (relative 1.7e-3 against 2.3e-3
-    for bfloat16 at 65536 columns).  The held backward rounds them the
-    same way."""
+    dy and y are loaded in their storage dtype and widened where they are used:
+    each product dy * y and the sum in float32, dx in float32 from the stored
+    values.  (The products were once rounded to the storage dtype, to keep
+    float32 copies of a long 16-bit row out of the registers; that gave up to
+    35x PyTorch's error on some rows, and the compiler keeps the widened values
+    as short-lived as the rounded ones: the same registers and stack, sm_90.)
+    The held backward takes its dot the same way."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     offsets, read, write = _tile(n_rows, n_cols, inner, BLOCK_M, BLOCK_N)
     dy = tl.load(dy_ptr + offsets, mask=read, other=0.0)
     y = tl.load(y_ptr + offsets, mask=read, other=0.0)
-    dot = _segment_dot(dy, y, NATIVE_16BIT)
+    dot = _segment_dot(dy, y)
     dx = _compute_dtype(y) * (_compute_dtype(dy) - dot[:, None])
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=write)
 

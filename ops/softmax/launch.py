@@ -101,16 +101,11 @@ def run(plan: Plan, tensors) -> None:
         _run_held(plan, tensors)
 
 
-def _native_16bit(plan) -> dict:
-    """NATIVE_16BIT, which the backward's one-block and held kernels take (see kernels.py's _rounded_product)."""
-    return {"NATIVE_16BIT": plan.rows.native_16bit} if plan.direction == BACKWARD else {}
-
-
 def _run_block(plan: BlockPlan, tensors) -> None:
     rows = plan.rows
     launcher(_KERNELS[plan.direction].single, tensors[-1])[plan.grid](
         *tensors, rows.n_rows, rows.n_cols, rows.inner, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-        num_warps=plan.warps, COL_MULTIPLE=rows.col_multiple, **_native_16bit(plan),
+        num_warps=plan.warps, COL_MULTIPLE=rows.col_multiple,
     )  # fmt: skip
 
 
@@ -171,5 +166,5 @@ def launch_held(plan: HeldPlan, tensors, words: torch.Tensor, overlap: dict) -> 
     load_next = {} if plan.load_next is None else {"LOAD_NEXT": plan.load_next}
     launcher(capped, like)[plan.grid](
         *tensors, words, rows.n_rows, rows.n_cols, rows.inner, *counts, **sizes, COL_MULTIPLE=rows.col_multiple,
-        **_native_16bit(plan), **load_next, **overlap,
+        **load_next, **overlap,
     )  # fmt: skip

@@ -195,15 +195,12 @@ class Meta:
 @dataclass(frozen=True)
 class Rows:
     """What every launch covers: n_rows rows of n_cols columns, a row's elements `inner` apart.
-    col_multiple: the kernels' COL_MULTIPLE (ops/blocks/alignment.py); native_16bit: the
-    backward's NATIVE_16BIT, 16-bit products multiplied as such (on the GPU; the interpreter
-    cannot, see kernels.py's _rounded_product)."""
+    col_multiple: the kernels' COL_MULTIPLE (ops/blocks/alignment.py)."""
 
     n_rows: int
     n_cols: int
     inner: int
     col_multiple: int
-    native_16bit: bool
 
 
 @dataclass(frozen=True)
@@ -290,7 +287,7 @@ Plan = BlockPlan | LoopedPlan | SplitPlan | HeldPlan
 def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     """The design for `meta` and its launch sizes (see the module docstring for the rule)."""
     cuda = meta.facts.cuda
-    rows = Rows(meta.n_rows, meta.n_cols, meta.inner, column_multiple(meta.n_cols), native_16bit=cuda)
+    rows = Rows(meta.n_rows, meta.n_cols, meta.inner, column_multiple(meta.n_cols))
     block = next_power_of_2(meta.n_cols)
     if block <= (tuning.max_block if cuda else tuning.cpu_max_block):
         block_m = _rows_per_program(meta, block, tuning)

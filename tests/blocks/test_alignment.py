@@ -81,7 +81,7 @@ ROW_KERNELS = {
     ),
     "softmax forward": (softmax.softmax_forward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024}, 8, 0),
     "softmax backward": (
-        softmax.softmax_backward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024, "NATIVE_16BIT": True}, 8, 0,
+        softmax.softmax_backward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024}, 8, 0,
     ),
     "cross_entropy forward": (
         cross_entropy.cross_entropy_forward_kernel, _CROSS_ENTROPY,
