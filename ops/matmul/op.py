@@ -107,13 +107,17 @@ def backward(
     grad_a, grad_b = grad.new_empty(0), grad.new_empty(0)
     if a_grad:
         if a.dim() == 2 and b.dim() == 3:  # a was shared by every batch: sum over it
-            grad_t, b_t = grad.transpose(0, 1).reshape(grad.shape[1], -1), b.transpose(1, 2).reshape(-1, b.shape[1])
+            # (M, B*N) @ (B*N, K), sizes spelled out: reshape cannot infer a -1 beside a 0 (an empty dim)
+            n_batch, k, n = b.shape
+            grad_t = grad.transpose(0, 1).reshape(grad.shape[1], n_batch * n)
+            b_t = b.transpose(1, 2).reshape(n_batch * n, k)
             grad_a = forward(grad_t, b_t, tuning=tuning)
         else:
             grad_a = forward(grad, b.transpose(-1, -2), tuning=tuning)
     if b_grad:
         if b.dim() == 2 and a.dim() == 3:  # b was shared by every batch
-            grad_b = forward(a.reshape(-1, a.shape[-1]).t(), grad.reshape(-1, grad.shape[-1]), tuning=tuning)
+            rows = a.shape[0] * a.shape[1]  # (K, B*M) @ (B*M, N)
+            grad_b = forward(a.reshape(rows, a.shape[-1]).t(), grad.reshape(rows, grad.shape[-1]), tuning=tuning)
         else:
             grad_b = forward(a.transpose(-1, -2), grad, tuning=tuning)
     return grad_a, grad_b

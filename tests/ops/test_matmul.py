@@ -343,3 +343,21 @@ def test_matmul_gradcheck():
         a = torch.randn(sa, dtype=torch.float64, requires_grad=True)
         b = torch.randn(sb, dtype=torch.float64, requires_grad=True)
         assert torch.autograd.gradcheck(torch.ops.tk.matmul, (a, b), fast_mode=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_backward_of_empty_dims_with_a_broadcast_operand(device):
+    """Every size 0 in turn, with the 2-D operand broadcast over the batch on either side: the
+    gradients are zeros (or empty) of the operands' shapes, as PyTorch's.  K = 0 against a (5, 5, 0)
+    batch raised "cannot reshape tensor of 0 elements into shape [-1, 0]"."""
+    dtype = torch.float32
+    for batch, m, k, n in [(5, 5, 0, 5), (0, 3, 4, 5), (2, 0, 4, 5), (2, 3, 4, 0), (2, 3, 0, 0), (0, 0, 0, 0)]:
+        for a_shape, b_shape in [((batch, m, k), (k, n)), ((m, k), (batch, k, n))]:
+            a = torch.randn(a_shape, dtype=dtype, device=device, requires_grad=True)
+            b = torch.randn(b_shape, dtype=dtype, device=device, requires_grad=True)
+            out = torch.ops.tk.matmul(a, b)
+            grad = torch.randn(out.shape, dtype=dtype, device=device)
+            da, db = torch.autograd.grad(out, (a, b), grad)
+            ea, eb = torch.autograd.grad(torch.matmul(a, b), (a, b), grad)
+            assert da.shape == a.shape and db.shape == b.shape, (a_shape, b_shape)
+            assert torch.allclose(da, ea, atol=1e-5) and torch.allclose(db, eb, atol=1e-5), (a_shape, b_shape)
