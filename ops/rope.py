@@ -231,6 +231,10 @@ def _check_inputs(op: str, names: tuple[str, str], q, k, cos, sin, unsqueeze_dim
             f"tk.{op}: cos and sin have shape {tuple(cos.shape)}, which does not broadcast against {q_name} of "
             f"shape {tuple(q.shape)} as {layout}: expected ({_or_one(batch)}, {_or_one(seq)}, {head_dim})"
         )
+    if q.device.type == "cuda" and batch * seq > 2**31 - 1:  # a program a position, on the grid's first axis
+        raise ValueError(
+            f"tk.{op}: {batch} x {seq} positions: more than a CUDA grid holds (2**31 - 1 programs); split the batch"
+        )
 
 
 def _or_one(size) -> str:

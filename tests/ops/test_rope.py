@@ -510,6 +510,15 @@ def test_bad_input_raises_a_clear_error(case):
 
 
 @pytest.mark.gpu
+def test_positions_past_the_cuda_grid():
+    """A program a position: 2**31 positions (stride-0 views, no memory) are refused, not launched."""
+    q = _t(1, 1, 1, 2, device="cuda").expand(2**16, 1, 2**15, 2)
+    cos = _t(1, 1, 2, device="cuda").expand(1, 2**15, 2)
+    with pytest.raises(ValueError, match=r"tk\.rope: 65536 x 32768 positions: more than a CUDA grid holds"):
+        tk.rope(q, q, cos, cos)
+
+
+@pytest.mark.gpu
 def test_arguments_on_the_cpu_and_the_gpu():
     with pytest.raises(ValueError, match=r"tk\.rope: q is on cuda:0 but cos is on cpu"):
         tk.rope(_t(*_Q, device="cuda"), _t(*_K, device="cuda"), _t(*_COS), _t(*_COS))
