@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from reference import assert_close, pytorch_gelu
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
+from ops.rope import apply_rotary_pos_emb
 
 tk = torch.ops.tk
 # Huge values and infinities make the interpreter's numpy warn of overflow: expected, not a problem.
@@ -265,6 +266,27 @@ CASES = [
     Case("gelu under inference_mode", lambda d: (randn(d, 5).requires_grad_(),),
          lambda x: _inference(lambda: (tk.gelu(x), tk.gelu(x).is_inference())),
          lambda x: _inference(lambda: (F.gelu(x), F.gelu(x).is_inference()))),
+    # ------------------------------------------------ rope (ops/rope.py; tests/ops/test_rope.py has the rest)
+    Case("rope int32 q", lambda d: (torch.ones(1, 2, 3, 8, dtype=torch.int32, device=d), randn(d, 1, 1, 3, 8),
+                                    randn(d, 1, 3, 8), randn(d, 1, 3, 8)),
+         tk.rope, Raises(TypeError, r"tk\.rope: q has dtype int32; supported: float32, float16, bfloat16, float64")),
+    Case("rope odd head_dim", lambda d: (randn(d, 1, 2, 3, 7), randn(d, 1, 1, 3, 7), randn(d, 1, 3, 7), randn(d, 1, 3, 7)),
+         tk.rope, Raises(ValueError, r"tk\.rope: head_dim must be even \(rotate_half splits it in two\), got 7")),
+    Case("rope cos on cpu with q on cuda", lambda d: (randn(d, 1, 2, 3, 8), randn(d, 1, 1, 3, 8), randn("cpu", 1, 3, 8),
+                                                      randn("cpu", 1, 3, 8)),
+         tk.rope, Raises(ValueError, r"tk\.rope: q is on cuda:0 but cos is on cpu"), devices=("cuda",)),
+    Case("rope bfloat16 q and k with float32 cos and sin", lambda d: (randn(d, 2, 5, 3, 16, dtype=torch.bfloat16).transpose(1, 2),
+                                                                      randn(d, 2, 5, 1, 16, dtype=torch.bfloat16).transpose(1, 2),
+                                                                      randn(d, 1, 5, 16), randn(d, 1, 5, 16)),
+         lambda q, k, c, s: with_grad(lambda a, b: torch.cat([t.flatten() for t in tk.rope(a, b, c, s)]), q, k),
+         lambda q, k, c, s: with_grad(lambda a, b: torch.cat([t.flatten() for t in apply_rotary_pos_emb(a, b, c, s)]), q, k)),
+    Case("rope empty batch", lambda d: (randn(d, 0, 2, 3, 8), randn(d, 0, 1, 3, 8), randn(d, 1, 3, 8), randn(d, 1, 3, 8)),
+         lambda q, k, c, s: with_grad(lambda a, b: torch.cat([t.flatten() for t in tk.rope(a, b, c, s)]), q, k),
+         lambda q, k, c, s: with_grad(lambda a, b: torch.cat([t.flatten() for t in apply_rotary_pos_emb(a, b, c, s)]), q, k)),
+    Case("rope requires_grad under no_grad", lambda d: (randn(d, 1, 2, 3, 8).requires_grad_(), randn(d, 1, 1, 3, 8),
+                                                        randn(d, 1, 3, 8), randn(d, 1, 3, 8)),
+         lambda q, k, c, s: _no_grad(lambda: [grad_state(t) for t in tk.rope(q, k, c, s)]),
+         lambda q, k, c, s: _no_grad(lambda: [grad_state(t) for t in apply_rotary_pos_emb(q, k, c, s)])),
     # ------------------------------------------------ limits of a CUDA grid (stride-0 tensors: no memory needed)
     Case("matmul batch past the grid", lambda d: (randn(d, 1, 1, 1).expand(65536, 1, 1), randn(d, 1, 1)),
          tk.matmul, Raises(ValueError, r"tk\.matmul: a batch of 65536 matrices is more than a CUDA grid holds"),

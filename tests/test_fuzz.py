@@ -48,6 +48,7 @@ from reference import TOLERANCE, pytorch_gelu
 
 import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.matmul import kernels as matmul_module
+from ops.rope import apply_rotary_pos_emb, rotate_half, rotate_half_transposed
 from ops.softmax.plan import TUNING as SOFTMAX_TUNING
 
 tk = torch.ops.tk
@@ -405,6 +406,48 @@ def check_matmul(case, device):
         )  # fmt: skip
 
 
+# rope -------------------------------------------------------------------------
+
+ROPE_HEAD_DIMS = {"cpu": [2, 6, 16, 80], "cuda": [64, 80, 96, 128, 256]}  # 80: a half of 40 lanes of 64
+
+
+@st.composite
+def rope_cases(draw, device):
+    """q and k of (batch, heads, seq, head_dim) in any layout, grouped-query head counts; cos and
+    sin of (1 or batch, seq, head_dim), their halves unequal (a seed: they take no gradient)."""
+    dtype = draw(st.sampled_from(DTYPES))
+    head_dim = draw(st.sampled_from(ROPE_HEAD_DIMS[device]))
+    batch, seq = draw(dims(POOLS[device], 2, 24 if device == "cpu" else 1 << 14))  # CPU: a program a position
+    q_heads, k_heads = draw(st.sampled_from([1, 2, 3, 8])), draw(st.sampled_from([1, 2, 3]))
+    q = draw(inputs((batch, q_heads, seq, head_dim)))
+    k = draw(inputs((batch, k_heads, seq, head_dim)))
+    return dtype, draw(st.sampled_from([1, batch])), q, k, draw(st.integers(0, 2**32 - 1))
+
+
+def check_rope(case, device):
+    dtype, cos_batch, q, k, seed = case
+    _, _, seq, head_dim = q.shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cos, sin = (torch.randn(cos_batch, seq, head_dim, generator=gen, device=device).to(dtype) for _ in range(2))
+    cos_abs, sin_abs = cos.double().abs().unsqueeze(1), sin.double().abs().unsqueeze(1)
+
+    def flat(pair):
+        return torch.cat([t.reshape(-1) for t in pair])
+
+    def grad_magnitude(v, w, _):  # |dy| |cos| + |rotate_half's transpose of dy sin|, at q's and k's shapes
+        w_q, w_k = w.abs().split([v[0].numel(), v[1].numel()])
+        return [g.view(x.shape) * cos_abs + rotate_half_transposed(g.view(x.shape) * sin_abs).abs()
+                for g, x in ((w_q, v[0]), (w_k, v[1]))]  # fmt: skip
+
+    run_case(
+        [q, k], dtype, device,
+        tk_fn=lambda a, b: flat(tk.rope(a, b, cos, sin)),
+        ref_fn=lambda a, b: flat(apply_rotary_pos_emb(a, b, cos.to(a.dtype), sin.to(a.dtype))),
+        fwd_magnitude=lambda v, out: flat([x.abs() * cos_abs + rotate_half(x).abs() * sin_abs for x in v]),
+        grad_magnitude=grad_magnitude,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------
 # The table, and the tests it makes.
 # ---------------------------------------------------------------------------
@@ -422,6 +465,7 @@ FUZZ = {
     "gelu": Fuzz(gelu_cases, check_gelu, {"cpu": 300, "cuda": 500}),
     "softmax": Fuzz(softmax_cases, check_softmax, {"cpu": 200, "cuda": 300}),
     "matmul": Fuzz(matmul_cases, check_matmul, {"cpu": 200, "cuda": 100}),
+    "rope": Fuzz(rope_cases, check_rope, {"cpu": 100, "cuda": 200}),
 }
 
 

@@ -7,6 +7,7 @@ from reference import DEVICES, assert_close, assert_raises_clearly, error_cases,
 
 import ops
 
+
 # (op, args, kwargs) for opcheck, on small inputs of each device.
 def opcheck_cases(device):
     def t(*shape, grad=False, dtype=torch.float32):
@@ -23,6 +24,8 @@ def opcheck_cases(device):
         (torch.ops.tk.matmul.default, (t(2, 5, 7, grad=True), t(7, 3, grad=True)), {}),
         (torch.ops.tk.matmul_backward.default, (t(5, 3), t(5, 7), t(7, 3), True, True), {}),
         (torch.ops.tk.matmul_backward.default, (t(2, 5, 3), t(5, 7), t(2, 7, 3), True, False), {}),
+        (torch.ops.tk.rope.default, (t(1, 2, 3, 8, grad=True), t(1, 1, 3, 8, grad=True), t(1, 3, 8), t(1, 3, 8)), {}),
+        (torch.ops.tk.rope_backward.default, (t(1, 2, 3, 8), t(1, 1, 3, 8), t(1, 3, 8), t(1, 3, 8), 1, torch.bfloat16), {}),
     ]
 
 
@@ -203,6 +206,7 @@ def test_eager_calls_have_a_direct_kernel():
     names += ["square_backward"]
     names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
     names += ["cross_entropy_forward", "cross_entropy_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward"]
+    names += ["rope", "rope_backward"]
     from ops.runtime.library import NATIVE_CUDA as _NATIVE_CUDA
 
     for name in names:
