@@ -541,3 +541,30 @@ def test_cuda_graph_times_are_pooled_over_interleaved_rounds(monkeypatch):
     assert turns == ["a", "no capture", "fails", "b", "a", "b", "a", "b"]
     graph = {name: case.record["cudagraph_ms"] for name, case in zip(names, cases)}
     assert graph == {"a": 1.2, "no capture": None, "fails": None, "b": 2.0}  # a: the 5.0 round does not decide
+
+# ---------------------------------------------------------------------------
+# The terminal: progress and results only; what a user asks for, or a clear refusal.
+# ---------------------------------------------------------------------------
+
+
+def test_the_profilers_chatter_is_filtered_and_nothing_else():
+    """The CPU build of torch 2.13 writes two lines on the C-level stderr per profiler session."""
+    text = (b"USDT:2026-11-27 07:42:11 24657:24657 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+            b"a real error\n"
+            b"USDT:2026-11-27 07:42:11 24657:24657 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+            b"STAGE:2024-01-01 00:00:00 1:1 ActivityProfilerController.cpp:314] Completed Stage: Warm Up\n"
+            b"USDT: something else\n")  # fmt: skip
+    assert kernels.without_profiler_chatter(text) == b"a real error\nUSDT: something else\n"
+
+
+def test_a_run_keeps_the_profiler_off_the_terminal_and_real_errors_on_it(tmp_path, capfd):
+    def loud(x):
+        os.write(2, b"a real error\n")  # what a failing library writes on the C-level stderr
+        return torch.sigmoid(x)
+
+    prof = kernels.profile_call(loud, (torch.randn(10),), torch.device("cpu"))
+    assert prof.names == ["aten::sigmoid"]
+    assert run(tmp_path, "--op", "gelu", "--shapes", "1000", "--variants", "eager,tk") == 0
+    err = capfd.readouterr().err
+    assert err.count("a real error") == 2  # both profiled calls said it, after the session
+    assert "profiler_start" not in err and "profiler_stop" not in err
