@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,8 @@ def test_a_run_of_several_ops_has_a_summary(all_ops_run):
     assert f"{len(ops.SPECS)} ops from {len(ops.SPECS)} reports" in page
     for op in ops.SPECS:
         assert f"| {op} " in page
-    assert page.count("no time for tk or no other variant") == len(ops.SPECS)
+    worst, largest = page.split("## The worst case of each op and dtype")[1].split("## The largest shape of each op and dtype")
+    assert worst.count("no time for tk or no other variant") == largest.count("no time for tk or no other variant") == len(ops.SPECS)
     assert "## Variants that failed or were wrong\n\nNone." in page
 
 
@@ -402,7 +404,7 @@ def test_cpu_op_count_ignores_bookkeeping():
 def test_schema_validation_catches_problems():
     good = {k: None for k in schema.TOP_FIELDS} | {"schema": schema.SCHEMA, "schema_version": 1, "records": []}
     assert schema.validate(good) == []
-    rec = runner._base_record(fake_spec(), all_variants(fake_spec())[0], torch.float32, (64,),
+    rec = runner.base_record(fake_spec(), all_variants(fake_spec())[0], torch.float32, (64,),
                               runner.Settings(torch.device("cpu"), 1.0, 1))  # fmt: skip
     rec["error"] = "inputs: Boom"
     assert schema.validate(good | {"records": [rec]}) == []
@@ -542,6 +544,7 @@ def test_cuda_graph_times_are_pooled_over_interleaved_rounds(monkeypatch):
     graph = {name: case.record["cudagraph_ms"] for name, case in zip(names, cases)}
     assert graph == {"a": 1.2, "no capture": None, "fails": None, "b": 2.0}  # a: the 5.0 round does not decide
 
+
 # ---------------------------------------------------------------------------
 # The terminal: progress and results only; what a user asks for, or a clear refusal.
 # ---------------------------------------------------------------------------
@@ -568,3 +571,50 @@ def test_a_run_keeps_the_profiler_off_the_terminal_and_real_errors_on_it(tmp_pat
     err = capfd.readouterr().err
     assert err.count("a real error") == 2  # both profiled calls said it, after the session
     assert "profiler_start" not in err and "profiler_stop" not in err
+
+
+class SlowFirstCall:
+    """Takes ``seconds`` on its first call, as a Triton build and autotune does."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.seconds)
+        return torch.sigmoid(x)
+
+
+def test_a_long_first_call_is_announced_and_timed(tmp_path, monkeypatch, capsys):
+    from compare import progress
+
+    monkeypatch.setattr(progress, "LONG_STEP_S", 0.3)
+    spec = dataclasses.replace(fake_spec(), tk=SlowFirstCall(0.8), unfused={}, peers={})
+    monkeypatch.setitem(ops.SPECS, "fake", spec)
+    argv = ["--op", "fake", "--variants", "eager,tk", "--shapes", "64", "--device", "cpu", "--rep-ms", "2", "--rounds", "1"]
+    assert cli.main([*argv, "--no-capture", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "fake float32 n=64 | tk: first call: still running after 0 s (Triton compiling the kernels" in err
+    took = next(line for line in err.splitlines() if "fake float32 n=64 | tk: first call: took" in line)
+    assert 0.8 <= float(took.split("took ")[1].split(" s")[0]) < 5
+    assert "eager: first call" not in err  # a quick first call says nothing
+
+
+def test_autotune_events_are_collected_and_the_listener_put_back():
+    """Triton 3.9 tells a listener what its autotuner did; the first call's closing line says it."""
+    import triton
+
+    from compare import runner
+
+    if not hasattr(getattr(triton, "knobs", None), "autotuning") or not hasattr(triton.knobs.autotuning, "listener"):
+        pytest.skip("this Triton has no autotuning listener")
+    before = triton.knobs.autotuning.listener
+    with timing.autotune_events() as events:
+        triton.knobs.autotuning.listener(fn=SlowFirstCall, key=(64,), best_config=None, configs_timings={1: 1.0, 2: 2.0},
+                                         duration=12.5, cache_hit=False)  # fmt: skip
+        triton.knobs.autotuning.listener(fn=SlowFirstCall, key=(128,), best_config=None, configs_timings={1: 1.0},
+                                         duration=None, cache_hit=True)  # fmt: skip
+    assert triton.knobs.autotuning.listener is before
+    assert runner._autotuned(events) == ["autotuned SlowFirstCall over 2 configs in 12.5 s",
+                                         "SlowFirstCall: autotune choice read from disk"]  # fmt: skip

@@ -86,3 +86,14 @@ def test_a_failed_capture_leaves_random_inputs_working():
     torch.manual_seed(0)
     assert torch.equal(torch.randn(1000, device="cuda"), first)
     assert timing.bench_cudagraph(lambda t: t * 2, (x,), rep_ms=5) > 0
+
+
+def test_gpu_peak_memory(gelu_gpu):
+    """The caching allocator's peak above the inputs: tk's gelu allocates its output alone; the unfused
+    composition holds intermediates of the same size besides."""
+    doc = json.loads((gelu_gpu / "gelu" / "results.json").read_text())
+    by = {(r["shape"][0], r["variant"]): r for r in doc["records"]}
+    out_bytes = 16777216 * 2  # bfloat16
+    assert out_bytes <= by[16777216, "tk"]["peak_bytes"] < out_bytes + (2 << 20)
+    assert by[16777216, "eager-unfused"]["peak_bytes"] >= 2 * out_bytes
+    assert "| peak memory" in (gelu_gpu / "gelu" / "report.md").read_text()
