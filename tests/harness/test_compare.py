@@ -573,6 +573,84 @@ def test_a_run_keeps_the_profiler_off_the_terminal_and_real_errors_on_it(tmp_pat
     assert "profiler_start" not in err and "profiler_stop" not in err
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--op", "gelu", "--variants", "peer"], "op gelu has no variant 'peer' (it has: eager, eager-unfused"),
+        (["--op", "softmax", "--variants", "peer"], "the selected variants of softmax (liger) run on cuda only, not on cpu"),
+        (["--op", "gelu,square", "--variants", "peer"], "nothing to run: op gelu has no variant 'peer'"),
+        (["--op", "gelu,square", "--variants", "turbo"], "unknown variant(s) turbo: no op of gelu,square has them"),
+    ],
+)
+def test_an_empty_selection_is_a_usage_error(tmp_path, capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--out", str(tmp_path), *FAST])
+    assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing ran, nothing was replaced
+
+
+def test_ops_without_the_selected_variants_are_left_out_of_a_run_of_several(tmp_path, fake_op, capsys):
+    assert run(tmp_path, "--op", "gelu,fake", "--variants", "eager-wrong", "--quick") == 0
+    assert "left out: op gelu has no variant 'eager-wrong'" in capsys.readouterr().err
+    assert not (tmp_path / "gelu").exists() and [r["variant"] for r in load(tmp_path, "fake")["records"]] == ["eager-wrong"]
+
+
+def test_a_report_where_nothing_ran_replaces_nothing(tmp_path, monkeypatch, capsys):
+    """Every selected variant skipped (a peer that is not installed): the report is kept in its run folder,
+    the earlier report stays the one logs/<op> names, and the run says so and exits 1."""
+    monkeypatch.setitem(ops.SPECS, "fake", fake_spec())
+    assert run(tmp_path, "--op", "fake", "--variants", "eager", "--shapes", "64") == 0
+    before = os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")
+    assert run(tmp_path, "--op", "fake", "--variants", "missing", "--shapes", "64") == 1
+    err = capsys.readouterr().err
+    assert "error: no variant of fake ran (missing: not installed (No module named 'nonexistent_lib'))" in err
+    assert f"{tmp_path / 'fake'} still names the previous report" in err
+    assert (os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")) == before
+    newest = sorted((tmp_path / "runs").iterdir())[-1]
+    assert json.loads((newest / "fake" / "results.json").read_text())["records"][0]["status"] == "skipped"
+
+
+def test_quick_does_what_its_help_says():
+    """--quick: the first and last shape on a GPU, the first alone on a CPU (the interpreter), one dtype."""
+    (quick,) = [a for a in cli.parser()._actions if "--quick" in a.option_strings]
+    assert "the first and last shape on a GPU, the first shape alone on a CPU" in quick.help
+    args = cli.parser().parse_args(["--op", "gelu", "--quick"])
+    spec = ops.SPECS["gelu"]
+    (cpu,) = cli.make_sweeps(args, torch.device("cpu"))
+    (gpu,) = cli.make_sweeps(args, torch.device("cuda"))  # planned only: nothing touches a GPU
+    assert cpu.shapes == spec.shapes["cpu"][:1] and gpu.shapes == [spec.shapes["cuda"][0], spec.shapes["cuda"][-1]]
+    assert len(cpu.dtypes) == len(gpu.dtypes) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--op", "nope"], "unknown op 'nope'; known ops: add, copy,"),
+        (["--op", "gelu", "--dtype", "fp8"], "unknown dtype 'fp8' for op gelu; valid dtypes: float32, float16"),
+        (["--op", "gelu", "--calls", "0"], "--calls must be at least 1"),
+    ],
+)
+def test_overhead_usage_errors_are_the_main_clis(capsys, argv, expected):
+    from compare import overhead
+
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.main([*argv, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and expected in err and "Traceback" not in err
+
+
+def test_overhead_takes_the_aliases_documents_its_options_and_defaults_to_float32_on_cpu(capsys):
+    from compare import overhead
+
+    assert overhead.main(["--op", "gelu", "--dtype", "fp32,bf16", "--calls", "100", "--device", "cpu"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("gelu ")]
+    assert [row[2] for row in rows] == ["float32", "bfloat16"]
+    assert all(a.help for a in overhead.parser()._actions)  # every option says what it does
+    assert overhead.default_dtype(ops.SPECS["gelu"], torch.device("cpu")) == torch.float32
+    assert overhead.default_dtype(ops.SPECS["gelu"], torch.device("cuda")) == torch.float16
+    assert overhead.default_dtype(ops.SPECS["rgb_to_grayscale"], torch.device("cuda")) == torch.uint8
+
+
 class SlowFirstCall:
     """Takes ``seconds`` on its first call, as a Triton build and autotune does."""
 
