@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,11 +55,17 @@ def parser() -> argparse.ArgumentParser:
                         " (Triton's interpreter makes the last ones take minutes)")  # fmt: skip
     p.add_argument("--out", default="logs", help="output root (default: logs)")
     environment.add_device_flag(p)
+    p.add_argument("--gpus", default="1",
+                   help="spread the sweep over this many GPUs, or 'all': one worker process per GPU, each taking the"
+                        " next (op, dtype, shape) case as it is free; one run folder and summary, as one GPU writes"
+                        " (with --device cpu: that many worker processes on the CPU); default: 1")  # fmt: skip
     p.add_argument("--rep-ms", type=float, default=None, help="timing per variant and round, ms (default: 40 on CUDA, 50 on CPU)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default: 3 on CUDA, 2 on CPU)")
     p.add_argument("--no-capture", action="store_true", help="do not capture Inductor's output code")
     p.add_argument("--no-cudagraph", action="store_true", help="skip the CUDA-graph replay time of small calls")
     p.add_argument("--quiet", action="store_true", help="no progress line, no tables on the terminal")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "k/n": a worker of a split sweep (split.py)
+    p.add_argument("--worker-run", default=None, help=argparse.SUPPRESS)  # that sweep's run folder
     return p
 
 
@@ -194,6 +201,28 @@ def make_sweeps(args, device: torch.device, notes: list[str] | None = None) -> l
     return sweeps
 
 
+def parse_gpus(text: str, device: torch.device) -> list[str]:
+    """The devices a sweep is spread over, as CUDA_VISIBLE_DEVICES names them (one worker each); one: no workers."""
+    if device.type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = _split(visible) if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if text == "all":
+            return ids
+    elif text == "all":
+        raise UsageError("--gpus all needs CUDA devices; with --device cpu give the number of worker processes")
+    try:
+        count = int(text)
+    except ValueError:
+        raise UsageError(f"--gpus {text!r}: a number of GPUs, or all") from None
+    if count < 1:
+        raise UsageError(f"--gpus {text!r}: at least 1")
+    if device.type != "cuda":
+        return [str(i) for i in range(count)]  # worker processes on the CPU, pinned as GPUs would be
+    if count > len(ids):
+        raise UsageError(f"--gpus {count}: only {len(ids)} GPU(s) visible ({', '.join(ids) or 'none'})")
+    return ids[:count]
+
+
 def settings_from(args, device: torch.device) -> runner.Settings:
     rep_ms = args.rep_ms or DEFAULT_REP_MS[device.type]
     rounds = args.rounds or DEFAULT_ROUNDS[device.type]
@@ -208,17 +237,22 @@ def main(argv=None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    from . import split
+
     p = parser()
     args = p.parse_args(argv)
     device = environment.chosen_device(p, args.device)
     notes: list[str] = []
     try:
         sweeps = make_sweeps(args, device, notes)
+        gpus = parse_gpus(args.gpus, device) if args.worker is None else []
     except UsageError as e:
         p.error(str(e))
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
     settings = settings_from(args, device)
+    if args.worker is not None:  # one worker of a split sweep: its cases come from the parent
+        return split.serve(sweeps, settings, Path(args.worker_run), args.worker, not args.no_capture)
     progress = Progress(enabled=not args.quiet)
     root = Path(args.out)
     try:
@@ -230,6 +264,8 @@ def _main(argv: list[str]) -> int:
     for note in notes:
         progress.message(note)
     run = session.Run(root, run_dir, progress, args.quiet)
+    if len(gpus) > 1:
+        return split.run_split(sweeps, run, settings, gpus, argv, quick=args.quick, capture=not args.no_capture)
     return session.run_here(sweeps, run, settings, quick=args.quick, capture=not args.no_capture)
 
 
