@@ -17,6 +17,7 @@ VARIANTS     ?=
 QUICK        ?= 0
 MAX_AUTOTUNE ?= 0
 DEVICE       ?=
+GPUS         ?=
 RUNS         ?=
 ARGS         ?=
 
@@ -27,7 +28,7 @@ ARGS         ?=
 # ---------------------------------------------------------------------------
 
 SETTINGS := PYTHON VENV TORCH_SPEC TORCH_INDEX USE_SYSTEM OP OUT DTYPES SHAPES VARIANTS QUICK MAX_AUTOTUNE \
-            DEVICE RUNS ARGS
+            DEVICE GPUS RUNS ARGS
 given    := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 unknown  := $(filter-out $(SETTINGS) MAKEFLAGS MAKEOVERRIDES MFLAGS -%,$(given))
 upper     = $(shell echo '$(1)' | tr a-z A-Z)
@@ -52,14 +53,14 @@ endif
 
 COMPARE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) \
   $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(call truth,QUICK),--quick) \
-  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(ARGS)
+  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
 .PHONY: help test test-gpu compare bench overhead summary clean clean-logs check-system
 
 help:  ## list the targets and settings
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 	@echo
-	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 OUT (compare, bench), DEVICE (overhead),"
+	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 OUT GPUS=4|all (compare, bench), DEVICE (overhead),"
 	@echo "          RUNS (summary), ARGS (passed on as they are), USE_SYSTEM=1, TORCH_SPEC, TORCH_INDEX, PYTHON"
 
 test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
@@ -68,13 +69,13 @@ test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
 test-gpu: $(SETUP)  ## run only the GPU tests (pytest -m gpu)
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
-compare: $(SETUP)  ## compare every variant of OP (OP=all; DTYPES, SHAPES, VARIANTS, QUICK=1, MAX_AUTOTUNE=1, OUT)
+compare: $(SETUP)  ## compare every variant of OP (OP=all; DTYPES, SHAPES, VARIANTS, QUICK=1, MAX_AUTOTUNE=1, OUT, GPUS)
 	@echo "python -m compare $(strip $(COMPARE_FLAGS))"
 	@$(PY) -m compare $(COMPARE_FLAGS)
 
-bench: $(SETUP)  ## the full sweep of every op (on a GPU: the default GPU sweep)
-	@echo "python -m compare --op all --out $(OUT) $(ARGS)"
-	@$(PY) -m compare --op all --out $(OUT) $(ARGS)
+bench: $(SETUP)  ## the full sweep of every op (on a GPU: the default GPU sweep; GPUS=4 or all: one worker per GPU)
+	@echo "python -m compare --op all --out $(OUT) $(strip $(if $(GPUS),--gpus $(GPUS)) $(ARGS))"
+	@$(PY) -m compare --op all --out $(OUT) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
 overhead: $(SETUP)  ## host time per call of tiny tk ops against eager (OP, DTYPES, DEVICE=cpu|cuda)
 	@$(PY) -m compare.overhead --op $(OP) $(if $(DTYPES),--dtype $(DTYPES)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)

@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 
 from . import limits as limits_mod
+from .formats import fmt_time
+from .record import NOISY, marked
 
 LOG_CODE = "Output code: \n"
 LOG_PATH = "Output code written to: "
@@ -433,51 +435,61 @@ class Capture:
                             row["info"] = describe_compiled(compiled)
                 entry.kernels.append(row)
 
-    # -- the hand-written side and the index ------------------------------------------
-
-    def _store_handwritten(self) -> list[dict]:
-        folder = self.root / "tk"
-        folder.mkdir(parents=True, exist_ok=True)
-        rows = []
-        for jit in handwritten_kernels(self.spec):
-            name = jit.fn.__name__
-            try:
-                source = inspect.getsource(jit.fn)
-            except (OSError, TypeError):
-                source = getattr(jit, "src", "") or ""
-            (folder / f"{safe_name(name)}.py").write_text(source)
-            row = {"name": name, "file": f"kernels/tk/{safe_name(name)}.py", "lines": source.count("\n") + 1,
-                   "module": jit.fn.__module__, "compiled": []}  # fmt: skip
-            if self.device.type == "cuda":
-                for i, compiled in enumerate(jit_compiled(jit)):
-                    with contextlib.suppress(Exception):
-                        sub = folder / safe_name(name) / str(i)
-                        files = write_lower_levels(compiled, sub, safe_name(name))
-                        row["compiled"].append({"folder": str(sub.relative_to(self.op_dir)), "files": files,
-                                                "info": describe_compiled(compiled)})  # fmt: skip
-            rows.append(row)
-        return rows
-
     def finish(self, doc: dict) -> None:
         """Write the hand-written kernels and the index (with profiler times from ``doc``)."""
-        handwritten = self._store_handwritten()
-        times = {}
-        for r in doc["records"]:
-            for name, us in (r.get("kernel_us") or {}).items():
-                times[(r["variant"], r["dtype"], r["shape_label"], name)] = us
-        index = {
-            "op": self.spec.name,
-            "device": self.device.type,
-            "handwritten": handwritten,
-            "generated": [asdict(e) for e in self.entries],
-        }
-        for e in index["generated"]:
-            for k in e["kernels"]:
-                k["us_per_call"] = _time_of(times, e, k["name"])
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "index.json").write_text(json.dumps(index, indent=1, default=str) + "\n")
-        text = index_markdown(index, doc)
-        (self.op_dir / "index.md").write_text(text)
+        handwritten = store_handwritten(self.op_dir, self.spec, self.device)
+        write_index(self.op_dir, self.spec, self.device, handwritten, [asdict(e) for e in self.entries], doc)
+
+
+# --------------------------------------------------------------------------
+# The hand-written side and the index (a sweep split over GPUs writes them from its workers' parts).
+# --------------------------------------------------------------------------
+
+
+def store_handwritten(op_dir: Path, spec, device: torch.device, tag: str = "", sources: bool = True) -> list[dict]:
+    """Write tk's kernel sources (unless ``sources`` is False: a worker of a split sweep, whose parent writes
+    them) and (on a GPU) each compiled specialization this process holds, under ``kernels/tk/<kernel>/<tag><n>/``;
+    their index rows."""
+    folder = Path(op_dir) / "kernels" / "tk"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for jit in handwritten_kernels(spec):
+        name = jit.fn.__name__
+        try:
+            source = inspect.getsource(jit.fn)
+        except (OSError, TypeError):
+            source = getattr(jit, "src", "") or ""
+        if sources:
+            (folder / f"{safe_name(name)}.py").write_text(source)
+        row = {"name": name, "file": f"kernels/tk/{safe_name(name)}.py", "lines": source.count("\n") + 1,
+               "module": jit.fn.__module__, "compiled": []}  # fmt: skip
+        if device.type == "cuda":
+            for i, compiled in enumerate(jit_compiled(jit)):
+                with contextlib.suppress(Exception):
+                    sub = folder / safe_name(name) / f"{tag}{i}"
+                    files = write_lower_levels(compiled, sub, safe_name(name))
+                    row["compiled"].append({"folder": str(sub.relative_to(op_dir)), "files": files,
+                                            "info": describe_compiled(compiled)})  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def write_index(
+    op_dir: Path, spec, device: torch.device, handwritten: list[dict], generated: list[dict], doc: dict
+) -> None:
+    """``kernels/index.json`` and ``index.md``: every kernel, with the profiler's times from ``doc``'s records."""
+    times = {}
+    for r in doc["records"]:
+        for name, us in (r.get("kernel_us") or {}).items():
+            times[(r["variant"], r["dtype"], r["shape_label"], name)] = us
+    index = {"op": spec.name, "device": device.type, "handwritten": handwritten, "generated": generated}
+    for e in index["generated"]:
+        for k in e["kernels"]:
+            k["us_per_call"] = _time_of(times, e, k["name"])
+    root = Path(op_dir) / "kernels"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "index.json").write_text(json.dumps(index, indent=1, default=str) + "\n")
+    (Path(op_dir) / "index.md").write_text(index_markdown(index, doc))
 
 
 def _time_of(times: dict, entry: dict, name: str):
@@ -493,20 +505,38 @@ def _us(value) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def _median(records: dict, variant: str, dtype: str, label: str) -> str:
+    """The variant's median at that case, as report.md shows it (marked where it is not stable)."""
+    r = records.get((variant, dtype, label))
+    if r is None or r.get("median_ms") is None:
+        return ""
+    return marked(fmt_time(r["median_ms"]), r, NOISY)
+
+
+PROFILER_NOTE = (
+    "**profiler µs**: the kernel's time per call over two calls under `torch.profiler`, which adds a cost of its own"
+    " to every op it records (on a CPU often more than a small op itself): where a kernel sits in its variant, not a"
+    " timing. **median**: the variant's timed median per call, report.md's figure, the one to quote."
+)
+
+
 def index_markdown(index: dict, doc: dict) -> str:
     from tabulate import tabulate
 
     op = index["op"]
     gpu = index["device"] == "cuda"
+    records = {(r["variant"], r["dtype"], r["shape_label"]): r for r in doc["records"]}
     out = [f"# {op}: the kernels that compete", ""]
-    out.append("µs per call: device time of the kernel in the harness's profiler run." if gpu else
-               "CPU run: µs per call is the CPU time of the kernel (or op) in the harness's profiler run;"
+    out.append("profiler µs: device time of the kernel." if gpu else
+               "CPU run: profiler µs is the CPU time of the kernel (or op);"
                " tk's kernels run in Triton's interpreter there, timed as the whole tk op.")  # fmt: skip
+    out += ["", PROFILER_NOTE]
     out += ["", "## Hand-written (tk)", ""]
     tk_recs = [r for r in doc["records"] if r["variant"] == "tk"]
     rows = []
     for h in index["handwritten"]:
-        per_shape = [f"{r['dtype']} {r['shape_label']}: {_us(r['kernel_us'][h['name']])}"
+        per_shape = [f"{r['dtype']} {r['shape_label']}: {_us(r['kernel_us'][h['name']])} (tk median "
+                     f"{_median(records, 'tk', r['dtype'], r['shape_label'])})"
                      for r in tk_recs if h["name"] in (r.get("kernel_us") or {})]  # fmt: skip
         regs = "; ".join(
             f"{c['info'].get('n_regs', '?')} regs, {c['info'].get('shared', '?')} B shared, {c['info'].get('num_warps', '?')} warps"
@@ -514,9 +544,11 @@ def index_markdown(index: dict, doc: dict) -> str:
         )
         lower = ", ".join(f"[{c['folder']}]({c['folder']})" for c in h["compiled"])
         rows.append([h["name"], f"[{h['file']}]({h['file']})", h["lines"], "<br>".join(per_shape) or "", regs, lower])
-    out.append(tabulate(rows, headers=["kernel", "source", "lines", "µs per call", "compiled", "ttir/ttgir/ptx"], tablefmt="github"))
+    headers = ["kernel", "source", "lines", "profiler µs per call", "compiled", "ttir/ttgir/ptx"]
+    out.append(tabulate(rows, headers=headers, tablefmt="github"))
     if not gpu:
-        ops_times = [f"{r['dtype']} {r['shape_label']}: {n} {_us(us)} µs" for r in tk_recs for n, us in (r.get("kernel_us") or {}).items()]
+        ops_times = [f"{r['dtype']} {r['shape_label']}: {n} {_us(us)} profiler µs" for r in tk_recs
+                     for n, us in (r.get("kernel_us") or {}).items()]  # fmt: skip
         if ops_times:
             out += ["", "The tk op per call (interpreted, not a performance figure): " + "; ".join(ops_times)]
     out += ["", "## Generated by Inductor", ""]
@@ -527,14 +559,18 @@ def index_markdown(index: dict, doc: dict) -> str:
             regs = f"{info['n_regs']} regs, {info.get('shared', '?')} B shared" if "n_regs" in info else ""
             path = f"{e['folder']}/{k['file']}"
             rows.append([k["name"], e["variant"], e["dtype"], e["shape_label"], k["kind"], k["lines"],
-                         _us(k.get("us_per_call")), regs, f"[{k['file']}]({path})",
+                         _us(k.get("us_per_call")), _median(records, e["variant"], e["dtype"], e["shape_label"]),
+                         regs, f"[{k['file']}]({path})",
                          f"[{e['modules'][0]['file']}]({e['folder']}/{e['modules'][0]['file']})" if e["modules"] else ""])  # fmt: skip
         for name in e["extern"]:
-            rows.append([f"extern_kernels.{name}", e["variant"], e["dtype"], e["shape_label"], "extern (library)", "", "", "", "", ""])
+            median = _median(records, e["variant"], e["dtype"], e["shape_label"])
+            rows.append([f"extern_kernels.{name}", e["variant"], e["dtype"], e["shape_label"], "extern (library)",
+                         "", "", median, "", "", ""])  # fmt: skip
         if e["error"]:
-            rows.append([f"(capture: {e['error']})", e["variant"], e["dtype"], e["shape_label"], "", "", "", "", "", ""])
-    out.append(tabulate(rows, headers=["kernel", "variant", "dtype", "shape", "kind", "lines", "µs per call", "compiled",
-                                       "source", "module"], tablefmt="github"))  # fmt: skip
+            rows.append([f"(capture: {e['error']})", e["variant"], e["dtype"], e["shape_label"], *[""] * 7])
+    headers = ["kernel", "variant", "dtype", "shape", "kind", "lines", "profiler µs per call", "median (report.md)",
+               "compiled", "source", "module"]  # fmt: skip
+    out.append(tabulate(rows, headers=headers, tablefmt="github"))
     out += ["", "Each `output_code.py` runs by itself (`python output_code.py` benchmarks the module), as Inductor's own do.", ""]
     return "\n".join(out)
 

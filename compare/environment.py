@@ -22,15 +22,23 @@ def chosen_device(parser: argparse.ArgumentParser, choice: str | None) -> torch.
     return torch.device(choice or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def smi_id(visible: str | None, index: int) -> str:
+    """How nvidia-smi names CUDA device ``index`` of this process: nvidia-smi ignores CUDA_VISIBLE_DEVICES, so a
+    process pinned to "3" (a worker of a split sweep) must ask for 3, not 0.  Its entries are indices or UUIDs."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    return entries[index] if index < len(entries) else str(index)
+
+
 def nvidia_smi(query: str) -> str | None:
     """One ``nvidia-smi --query-gpu`` field of the current GPU, or None without nvidia-smi."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    gpu = smi_id(os.environ.get("CUDA_VISIBLE_DEVICES"), index)
     try:
         out = subprocess.run(
-            [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits", f"--id={index}"],
+            [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits", f"--id={gpu}"],
             capture_output=True, text=True, timeout=10, check=True,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):

@@ -9,15 +9,33 @@ A CPU has no kernel launches to observe, so the count there is of the
 variants are built with ``cpp.enable_kernel_profile``), ATen ops called at
 the top level, and custom ops (a tk op is one, whatever it runs inside),
 leaving out allocations, views and other bookkeeping.
+
+The profiler's own chatter on the C-level stderr (the CPU build of torch
+2.13 writes ``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start``
+and ``..._stop`` for every session; older Kineto ``STAGE:...`` lines) is
+kept off the terminal: file descriptor 2 goes to a temporary file while a
+session runs, and every other line written there meanwhile is written back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+# Kineto's log lines about a session starting and stopping: "<TAG>:<date> <time> <pid>:<tid> <file>.cpp:<line>] ...".
+_PROFILER_CHATTER = re.compile(
+    rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? \d+:\d+ "
+    rb"(SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)"
+    rb"|ActivityProfilerController\.cpp:\d+\] Completed Stage: .*)\s*$"
+)
 
 # ATen ops that launch no computation of their own.
 _BOOKKEEPING = {
@@ -71,13 +89,48 @@ def _is_device_event(ev) -> bool:
     return getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA
 
 
+def without_profiler_chatter(text: bytes) -> bytes:
+    """``text`` less the profiler's session lines (everything else kept, in order)."""
+    return b"".join(line for line in text.splitlines(keepends=True) if not _PROFILER_CHATTER.match(line))
+
+
+@contextlib.contextmanager
+def profiler_chatter_filtered(fd: int = 2):
+    """Run the block with ``fd`` (stderr) going to a temporary file, then write back what is not the
+    profiler's chatter.  Where the descriptor cannot be redirected, the block runs as it is."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(fd)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held, contextlib.ExitStack() as stack:
+        try:
+            os.dup2(held.fileno(), fd)
+        except OSError:
+            os.close(saved)
+            yield
+            return
+        stack.callback(os.close, saved)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, fd)
+            held.seek(0)
+            kept = without_profiler_chatter(held.read())
+            if kept:
+                os.write(fd, kept)
+
+
 def profile_call(fn: Callable, args: tuple, device: torch.device, calls: int = 2) -> KernelProfile:
     """Profile ``calls`` calls of an already warmed-up ``fn`` and return one call's share."""
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
+    with profiler_chatter_filtered(), profile(activities=activities) as prof:
         for _ in range(calls):
             fn(*args)
         if device.type == "cuda":

@@ -6,7 +6,11 @@
   matrices (cuBLAS on a GPU), the most a compute-bound kernel can hope for.
 
 Both are timed with the same method and repetition time as the variants, so
-that clocks and power capping treat them alike.
+that clocks and power capping treat them alike.  Each keeps the spread of
+its own repetitions (``p20_ms``, ``p80_ms``, ``samples``) and whether it is
+``stable`` by the rule every time is judged by (``timing.is_stable``): a
+share of a limit that is not stable is marked on every page (on a CPU each
+is repeated ``timing.MIN_SAMPLES`` times at least, so that the rule can judge it).
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ CUDA_MATMUL_N = {torch.float16: 8192, torch.bfloat16: 8192, torch.float32: 4096,
 CPU_MATMUL_N = 512
 
 
-def _median(times: list[float]) -> float:
-    return timing.Samples(times).median
+def _timed(times: list[float]) -> dict:
+    """The median of a limit's repetitions, their spread, and whether it is stable."""
+    s = timing.Samples()
+    s.add(times)
+    spread = {"p20_ms": s.quantile(0.2), "p80_ms": s.quantile(0.8), "samples": len(s.ms)}
+    return {"ms": s.median, **spread, "stable": s.stable}
 
 
 def copy_bandwidth(device: torch.device, rep_ms: float) -> dict:
@@ -34,8 +42,8 @@ def copy_bandwidth(device: torch.device, rep_ms: float) -> dict:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    ms = _median(timing.bench(lambda: dst.copy_(src), (), device, rep_ms))
-    return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "bytes": nbytes, "ms": ms}
+    timed = _timed(timing.bench(lambda: dst.copy_(src), (), device, rep_ms, min_reps=timing.MIN_SAMPLES))
+    return {"gbps": 2 * nbytes / (timed["ms"] * 1e-3) / 1e9, "bytes": nbytes, **timed}
 
 
 def matmul_throughput(device: torch.device, dtype: torch.dtype, rep_ms: float) -> dict:
@@ -43,9 +51,9 @@ def matmul_throughput(device: torch.device, dtype: torch.dtype, rep_ms: float) -
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     torch.matmul(a, b)
-    ms = _median(timing.bench(torch.matmul, (a, b), device, rep_ms))
+    timed = _timed(timing.bench(torch.matmul, (a, b), device, rep_ms, min_reps=timing.MIN_SAMPLES))
     del a, b
-    out = {"tflops": 2 * n**3 / (ms * 1e-3) / 1e12, "n": n, "ms": ms}
+    out = {"tflops": 2 * n**3 / (timed["ms"] * 1e-3) / 1e12, "n": n, **timed}
     if dtype == torch.float32 and device.type == "cuda":
         out["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
     return out
@@ -81,8 +89,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def limit_for(limits: dict, bound: str, dtype: torch.dtype) -> tuple[float | None, str]:
     """(the limit a row is judged against, its unit): GB/s for memory, TFLOP/s for compute."""
+    m = _limit(limits, bound, dtype)
     if bound == "compute":
-        m = limits.get("matmul", {}).get(dtype_name(dtype))
         return (m["tflops"] if m else None), "TFLOP/s"
-    c = limits.get("copy")
-    return (c["gbps"] if c else None), "GB/s"
+    return (m["gbps"] if m else None), "GB/s"
+
+
+def limit_stable(limits: dict, bound: str, dtype: torch.dtype) -> bool:
+    """Whether that limit's own repetitions were stable (a limit measured before this was kept: assumed so)."""
+    m = _limit(limits, bound, dtype)
+    return bool(m) and m.get("stable", True)
+
+
+def _limit(limits: dict, bound: str, dtype: torch.dtype) -> dict | None:
+    if bound == "compute":
+        return limits.get("matmul", {}).get(dtype_name(dtype))
+    return limits.get("copy")

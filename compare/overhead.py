@@ -31,7 +31,7 @@ from tabulate import tabulate
 import ops
 from ops.runtime import native as _native
 
-from . import environment
+from . import cli, environment
 
 
 def per_call_us(fns, args, device: torch.device, calls: int, repeats: int = 7) -> list[float]:
@@ -128,25 +128,48 @@ def profile(spec, device: torch.device, dtype: torch.dtype, calls: int, top: int
     return f"## {spec.name} {spec.describe(shape)}: cProfile of {calls} tk calls\n{out.getvalue()}"
 
 
-def main(argv=None) -> int:
+DEFAULT_CALLS = 2000  # on CUDA; on a CPU a hundredth of it (Triton's interpreter is slow)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.overhead", description=__doc__.splitlines()[0])
-    p.add_argument("--op", default="all", help="op name(s), comma-separated, or 'all'")
-    p.add_argument("--dtype", default="float16")
-    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--op", default="all", help="op name, comma-separated names, or 'all' (default: all)")
+    p.add_argument("--dtypes", "--dtype", default=None,
+                   help=f"{cli.DTYPES_HELP}; each op at each; default: float16 on a GPU (host time hardly depends on"
+                        " it), float32 on CPU, or the op's first dtype where it takes neither")  # fmt: skip
+    p.add_argument("--calls", type=int, default=DEFAULT_CALLS,
+                   help=f"calls per timed loop (default: {DEFAULT_CALLS} on CUDA; a hundredth of it on a CPU, where the"
+                        " interpreter is slow)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the tk calls")
     environment.add_device_flag(p)
+    return p
+
+
+def default_dtype(spec, device: torch.device) -> torch.dtype:
+    preferred = torch.float16 if device.type == "cuda" else torch.float32
+    return preferred if preferred in spec.dtypes else spec.dtypes[0]
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     device = environment.chosen_device(p, a.device)
-    dtype = getattr(torch, a.dtype)
-    names = sorted(ops.SPECS) if a.op == "all" else a.op.split(",")
-    specs = [ops.get_spec(n) for n in names]
+    if a.calls < 1:
+        p.error("--calls must be at least 1")
+    known = f"known ops: {', '.join(sorted(ops.SPECS))}; or all"
+    try:
+        specs = [ops.get_spec(n) for n in cli.op_names(a.op, ops.SPECS, known)]
+        dtypes = {s.name: cli.parse_dtypes(a.dtypes, s) if a.dtypes else [default_dtype(s, device)] for s in specs}
+        cases = [(s, d) for s in specs for d in dtypes[s.name]]
+    except cli.UsageError as e:
+        p.error(str(e))
     calls = a.calls if device.type == "cuda" else max(1, a.calls // 100)  # the interpreter is slow
-    rows = [measure(s, device, dtype if dtype in s.dtypes else s.dtypes[0], calls) for s in specs]
+    rows = [measure(s, device, d, calls) for s, d in cases]
     print(f"host time per call, wall clock over {calls} calls ({device.type}):")
     print(tabulate(rows, headers="keys", floatfmt=".1f"))
     if a.profile:
-        for s in specs:
-            print(profile(s, device, dtype if dtype in s.dtypes else s.dtypes[0], calls))
+        for s, d in cases:
+            print(profile(s, device, d, calls))
     return 0
 
 

@@ -15,6 +15,9 @@ results.csv), ``summary`` (summary.md), ``schema`` and ``plot`` read the
 declarations.  A new metric is one ``Field`` below and the code in the runner
 that measures it.
 
+A figure that is not stable carries a flag (``FLAGS``, set by ``runner.derive``):
+its cells show ``~`` (or ``(cache)``) and the legend of every page says why.
+
 The tables:
 
 * ``RESULTS``: a row per variant of a (dtype, shape), in the op's report.md
@@ -32,7 +35,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .formats import fmt_error, fmt_microseconds, fmt_number, fmt_ratio, fmt_share, fmt_text, fmt_time
+from .formats import fmt_bytes, fmt_error, fmt_microseconds, fmt_number, fmt_ratio, fmt_share, fmt_text, fmt_time
 
 RESULTS = "results"
 LARGEST = "largest shapes"
@@ -43,6 +46,28 @@ NONE = type(None)
 
 STATUSES = ("ok", "wrong", "failed", "skipped")  # a record's status: see schema.py for what each means
 
+# Why a figure of a record is not to be read as a fact: the codes of the record's ``flags``, each set by
+# ``runner.derive`` (or ``runner._time_graphs``) by the rule of ``timing.is_stable``: a time is stable when
+# p80 / p20 of its calls is at most ``timing.UNSTABLE_SPREAD`` and it rests on ``timing.MIN_SAMPLES`` calls or more.
+NOISY = "noisy"
+NOISY_GRAPH = "noisy graph"
+NOISY_EAGER = "noisy eager"
+NOISY_COMPILE = "noisy compile"
+UNSTABLE_LIMIT = "unstable limit"
+ABOVE_LIMIT = "above limit"
+FLAGS = {
+    NOISY: "the timed calls spread (p80/p20 above 1.25, or fewer than 5 calls): the median, its throughput, share "
+           "and speed-ups are not stable figures",
+    NOISY_GRAPH: "the CUDA-graph replays spread the same way: the CUDA-graph time is not a stable figure",
+    NOISY_EAGER: "eager's median, which 'vs eager' divides, is noisy",
+    NOISY_COMPILE: "compile's median, which 'vs compile' divides, is noisy",
+    UNSTABLE_LIMIT: "the measured limit's own repetitions spread the same way: the share of it is not a stable figure",
+    ABOVE_LIMIT: "above 100% of the measured limit: the call's data were resident in cache (the copy limit streams "
+                 "a buffer far larger than the caches; the matmul limit is one size's measured rate, not a peak)",
+}  # fmt: skip
+MARK = " ~"  # after a figure that is not stable
+CACHE_MARK = " (cache)"  # after a share of the limit above 100%
+
 
 @dataclass(frozen=True)
 class TableView:
@@ -52,16 +77,20 @@ class TableView:
     kernel_unit: str = "kernels"  # what the kernel column counts: GPU kernels, or ops on a CPU
     graph_times: bool = False  # some variant has a CUDA-graph time: the table gets the column
     eager_graph_ms: float | None = None  # eager's CUDA-graph time, which each variant's is compared to
+    eager_graph_noisy: bool = False  # ...and whether that time is flagged
+    peak_memory: bool = False  # some variant has a peak-memory figure (CUDA): the table gets the column
 
     @classmethod
     def of(cls, records: list[dict], bound: str) -> TableView:
         """The view of a results table: one (dtype, shape)'s records."""
-        eager = (r["cudagraph_ms"] for r in records if r["variant"] == "eager" and r["status"] == "ok")
+        eager = next((r for r in records if r["variant"] == "eager" and r["status"] == "ok"), None)
         return cls(
             bound=bound,
             kernel_unit=(records[0]["kernel_unit"] or "kernels") if records else "kernels",
             graph_times=any(r["cudagraph_ms"] is not None for r in records),
-            eager_graph_ms=next(eager, None),
+            eager_graph_ms=eager["cudagraph_ms"] if eager else None,
+            eager_graph_noisy=bool(eager) and NOISY_GRAPH in flags_of(eager),
+            peak_memory=any(r.get("peak_bytes") is not None for r in records),
         )
 
 
@@ -118,10 +147,20 @@ def _status_cell(r: dict, view: TableView) -> str:
     return text
 
 
+def flags_of(r: dict) -> list[str]:
+    """The record's flags (none in a report written before they were declared)."""
+    return r.get("flags") or []
+
+
+def marked(text: str, r: dict, *flags: str) -> str:
+    """``text`` with the mark of a figure that is not stable, where the record has one of ``flags``."""
+    return text + MARK if text and any(f in flags_of(r) for f in flags) else text
+
+
 def _median_cell(r: dict, view: TableView) -> str:
     if r["median_ms"] is None:
         return ""
-    return fmt_time(r["median_ms"]) + (" (!)" if r["status"] == "wrong" else "")
+    return marked(fmt_time(r["median_ms"]), r, NOISY) + (" (!)" if r["status"] == "wrong" else "")
 
 
 def _spread_cell(r: dict, view: TableView) -> str:
@@ -133,9 +172,32 @@ def _graph_cell(r: dict, view: TableView) -> str:
     which the host-bound median hides."""
     if r["cudagraph_ms"] is None:
         return ""
+    own = marked(fmt_time(r["cudagraph_ms"]), r, NOISY_GRAPH)
     if view.eager_graph_ms is None or r["status"] not in ("ok", "wrong"):
-        return fmt_time(r["cudagraph_ms"])
-    return f"{fmt_time(r['cudagraph_ms'])} ({fmt_ratio(view.eager_graph_ms / r['cudagraph_ms'])})"
+        return own
+    ratio = fmt_ratio(view.eager_graph_ms / r["cudagraph_ms"])
+    if view.eager_graph_noisy or NOISY_GRAPH in flags_of(r):
+        ratio += MARK
+    return f"{own} ({ratio})"
+
+
+def share_cell(r: dict, view: TableView | None = None) -> str:
+    """The share of the limit: marked where it or its limit is not stable, and where it passes 100% (cache)."""
+    text = marked(fmt_share(r.get("limit_share")), r, NOISY, UNSTABLE_LIMIT)
+    return text + CACHE_MARK if text and ABOVE_LIMIT in flags_of(r) else text
+
+
+def _noisy_cell(name: str, fmt: Callable[[object], str], *flags: str) -> Cell:
+    """A figure computed from the median (and, for a speed-up, its baseline's): marked where one is noisy."""
+    return lambda r, view: marked(fmt(r.get(name)), r, NOISY, *flags)
+
+
+_vs_eager_cell = _noisy_cell("speedup_vs_eager", fmt_ratio, NOISY_EAGER)
+_vs_compile_cell = _noisy_cell("speedup_vs_compile", fmt_ratio, NOISY_COMPILE)
+
+
+def _size(n: int | None) -> str:
+    return "" if n is None else fmt_bytes(n)
 
 
 def _note_cell(r: dict, view: TableView) -> str:
@@ -190,18 +252,21 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
           columns=(Column(RESULTS, "CUDA graph (vs eager)", 60, cell=_graph_cell, shown=lambda view: view.graph_times),
                    Column(SMALL, "tk µs", 10, cell=lambda r, view: fmt_microseconds(r["cudagraph_ms"])))),
     Field("gbps", (float, NONE), "bytes / median, GB/s", unit="GB/s", fmt=fmt_number,
-          columns=(Column(RESULTS, "GB/s", 70),)),
+          columns=(Column(RESULTS, "GB/s", 70, cell=_noisy_cell("gbps", fmt_number)),)),
     Field("tflops", (float, NONE), "flops / median, TFLOP/s", unit="TFLOP/s", fmt=fmt_number,
-          columns=(Column(RESULTS, "TFLOP/s", 80),)),
+          columns=(Column(RESULTS, "TFLOP/s", 80, cell=_noisy_cell("tflops", fmt_number)),)),
     Field("limit_share", (float, NONE),
           "GB/s over measured copy bandwidth (memory-bound) or TFLOP/s over measured matmul (compute-bound)",
           fmt=fmt_share,
-          columns=(Column(RESULTS, _limit_title, 90), Column(LARGEST, "tk % of limit", 10),
-                   Column(LARGE, "tk % of limit", 10))),
+          columns=(Column(RESULTS, _limit_title, 90, cell=share_cell),
+                   Column(LARGEST, "tk % of limit", 10, cell=share_cell),
+                   Column(LARGE, "tk % of limit", 10, cell=share_cell))),
     Field("speedup_vs_eager", (float, NONE), "eager median / this median", unit="x", fmt=fmt_ratio,
-          columns=(Column(RESULTS, "vs eager", 100), Column(LARGEST, "tk vs eager", 20))),
+          columns=(Column(RESULTS, "vs eager", 100, cell=_vs_eager_cell),
+                   Column(LARGEST, "tk vs eager", 20, cell=_vs_eager_cell))),
     Field("speedup_vs_compile", (float, NONE), "compile median / this median", unit="x", fmt=fmt_ratio,
-          columns=(Column(RESULTS, "vs compile", 110), Column(LARGEST, "tk vs compile", 30))),
+          columns=(Column(RESULTS, "vs compile", 110, cell=_vs_compile_cell),
+                   Column(LARGEST, "tk vs compile", 30, cell=_vs_compile_cell))),
     Field("kernels", (int, NONE), "launches per call (GPU kernels; on a CPU, ops: see kernel_unit)", fmt=fmt_text,
           columns=(Column(RESULTS, lambda view: view.kernel_unit, 120),)),
     Field("kernel_unit", (str, NONE), "kernels | ops"),
@@ -213,6 +278,15 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("sm_clock_mhz", (float, NONE), "SM clock read right after the shape was timed (GPU)", unit="MHz"),
     Field("best", (bool,), "the fastest correct variant of its (dtype, shape), interpreted ones excluded",
           default=False),
+    Field("flags", (list,), "why a figure is not stable: codes of record.FLAGS (CSV: joined by ';')", default=[],
+          csv=";".join),
+    Field("peak_bytes", (int, NONE),
+          "bytes the CUDA caching allocator held above the inputs at the peak of one call (outputs and scratch "
+          "included); null on a CPU, which has no allocator that keeps a peak", unit="B", fmt=_size,
+          columns=(Column(RESULTS, "peak memory", 125, shown=lambda view: view.peak_memory),
+                   Column(LARGEST, "tk peak memory", 40))),
+    Field("worker", (int, NONE), "the worker process (its GPU, in order) that measured the case in a sweep split "
+          "over GPUs (--gpus); null in a one-process run"),
 )}  # fmt: skip
 
 
@@ -224,6 +298,16 @@ def new_record(**values) -> dict:
     record = {name: copy.copy(field.default) for name, field in RECORD_FIELDS.items()}
     record.update(values)
     return record
+
+
+def flag_legend(records: list[dict]) -> list[str]:
+    """What the marks of these records' cells mean: a line per mark present, for a page's legend."""
+    present = {f for r in records for f in flags_of(r)}
+    unstable = [FLAGS[f] for f in (NOISY, NOISY_GRAPH, NOISY_EAGER, NOISY_COMPILE, UNSTABLE_LIMIT) if f in present]
+    lines = [f"~ not a stable figure: {'; '.join(unstable)}."] if unstable else []
+    if ABOVE_LIMIT in present:
+        lines.append(f"(cache) {FLAGS[ABOVE_LIMIT]}.")
+    return lines
 
 
 def columns(table: str, view: TableView = TableView()) -> list[tuple[Field, Column]]:

@@ -11,8 +11,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from . import breakdown
-from .formats import device_label, fmt_bytes
-from .record import RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, groups, titles
+from .formats import device_label, fmt_bytes, fmt_time
+from .record import RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups, titles
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
 
@@ -46,10 +46,12 @@ def terminal_tables(doc: dict) -> str:
 def legend(doc: dict) -> str:
     device = doc["settings"]["device"]
     lines = ["* best correct variant; (!) output outside the tolerance, time shown for information."]
+    lines += flag_legend([r for r in doc["records"] if r["status"] != "skipped"])
     if device == "cpu":
         lines.append(
             "CPU: times are wall clock, not device events; tk runs in Triton's interpreter there (numpy),"
-            " so its time is no performance figure and gets no throughput or speed-up."
+            " so its time is no performance figure and gets no throughput or speed-up. No peak memory: the CPU"
+            " allocator keeps no peak (on CUDA, the caching allocator's peak above the inputs)."
         )
     lines.append(f"Timing: {doc['settings']['timing_method']}.")
     return "\n".join(lines)
@@ -103,15 +105,25 @@ def _env_rows(doc: dict) -> list[list[str]]:
     return [[k, str(v)] for k, v in doc["environment"].items() if v is not None]
 
 
+def _stability(m: dict) -> str:
+    """How a limit's repetitions spread, and the mark where that is not stable."""
+    if "samples" not in m:  # a report written before limits kept their spread
+        return ""
+    spread = f"; p20-p80 {fmt_time(m['p20_ms'])} - {fmt_time(m['p80_ms'])} over {m['samples']} repetitions"
+    return spread + ("" if m["stable"] else ": **not stable** (~ on every share of it)")
+
+
 def _limit_rows(doc: dict) -> list[list[str]]:
     lim = doc["limits"]
     rows = []
     if lim.get("copy"):
         c = lim["copy"]
-        rows.append(["copy bandwidth", f"{c['gbps']:,.1f} GB/s", f"copy_ of {fmt_bytes(c['bytes'])}, read + written"])
+        how = f"copy_ of {fmt_bytes(c['bytes'])}, read + written{_stability(c)}"
+        rows.append(["copy bandwidth", f"{c['gbps']:,.1f} GB/s" + ("" if c.get("stable", True) else " ~"), how])
     for dtype, m in lim.get("matmul", {}).items():
         extra = f", allow_tf32={m['allow_tf32']}" if "allow_tf32" in m else ""
-        rows.append([f"matmul {dtype}", f"{m['tflops']:,.2f} TFLOP/s", f"torch.matmul {m['n']}^3{extra}"])
+        value = f"{m['tflops']:,.2f} TFLOP/s" + ("" if m.get("stable", True) else " ~")
+        rows.append([f"matmul {dtype}", value, f"torch.matmul {m['n']}^3{extra}{_stability(m)}"])
     for e in lim.get("errors", []):
         rows.append(["not measured", "", e])
     return rows

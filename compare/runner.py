@@ -6,8 +6,9 @@ For each (dtype, shape):
    ``spec.reference64 or spec.reference`` on float64 copies of them;
 2. per variant: build it (``torch.compile`` after ``torch._dynamo.reset()``,
    so that no shape sees another's compiled graph or autotune result), time
-   the first call, check its output against the float64 answer, count its
-   kernels with the profiler;
+   the first call (announced when it runs long: compiling, autotuning),
+   check its output against the float64 answer, count its kernels with the
+   profiler, and take its peak memory (CUDA);
 3. time the variants *interleaved*: round after round, each variant once
    per round with the same repetition time, so that a clock drifting down
    under power capping penalizes none of them alone.
@@ -20,6 +21,7 @@ report).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import traceback
 from dataclasses import dataclass, field
@@ -28,7 +30,8 @@ from pathlib import Path
 import torch
 
 from . import environment, kernels, limits as limits_mod, timing
-from .record import new_record
+from .progress import long_step
+from .record import ABOVE_LIMIT, NOISY, NOISY_COMPILE, NOISY_EAGER, NOISY_GRAPH, UNSTABLE_LIMIT, new_record
 from .variants import Variant, VariantSkipped
 
 # Steady-state time under which every variant also gets its CUDA-graph replay
@@ -56,6 +59,7 @@ class Case:
     record: dict
     fn: object = None
     samples: timing.Samples = field(default_factory=timing.Samples)
+    stage: str = "build"  # what it is doing (a failure's record names it)
 
 
 def _error_text(stage: str, exc: BaseException) -> str:
@@ -154,7 +158,7 @@ def _restore_inputs(args: tuple, pristine: list | None) -> bool:
     return unchanged
 
 
-def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, settings: Settings) -> dict:
+def base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, settings: Settings) -> dict:
     """A fresh record of one variant on one (dtype, shape): what is known before it runs (record.py
     declares every field and the value of the others, which the steps below fill)."""
     device = settings.device
@@ -174,23 +178,50 @@ def _base_record(spec, variant: Variant, dtype: torch.dtype, shape: tuple, setti
     )
 
 
-def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings, progress) -> None:
-    """Build, first call, correctness and kernel count of one variant."""
-    v, rec, device = case.variant, case.record, settings.device
-    stage = "build"
+def _why_slow(v: Variant) -> str:
+    """What a long first call of ``v`` is busy with."""
+    if v.compiled:
+        return "torch.compile: Dynamo, Inductor and Triton compiling; Inductor and Triton keep what they build on disk"
+    if v.kind in ("tk", "compile-tk"):
+        return "Triton compiling the kernels (kept on disk for the next run) and autotuning those that autotune"
+    return "the first call"
+
+
+def _autotuned(events) -> list[str]:
+    """The closing words of a long first call: what Triton's autotuner did in it."""
+    out = []
+    for kernel, configs, seconds, from_disk in events:
+        if from_disk:
+            out.append(f"{kernel}: autotune choice read from disk")
+        elif seconds is not None:
+            out.append(f"autotuned {kernel} over {configs} configs in {seconds:.1f} s")
+    return out
+
+
+def _build_and_first_call(case: Case, spec, dtype, shape, args, settings: Settings, label: str, progress) -> tuple:
+    """Build the variant and make its first call: (output, ms); a call that runs long is announced."""
+    v, device = case.variant, settings.device
     capture = settings.capture if v.compiled else None
-    try:
-        progress(f"{v.name}: building" + (" and compiling" if v.compiled else ""))
+    with contextlib.ExitStack() as stack:
         if capture is not None:
-            with capture.recording(spec, v, dtype, shape):
-                case.fn = v.build(device)
-                stage = "first call"
-                out, rec["first_call_ms"] = timing.first_call(case.fn, args, device)
-        else:
-            case.fn = v.build(device)
-            stage = "first call"
-            out, rec["first_call_ms"] = timing.first_call(case.fn, args, device)
-        stage = "check"
+            stack.enter_context(capture.recording(spec, v, dtype, shape))
+        case.fn = v.build(device)
+        case.stage = "first call"
+        details = stack.enter_context(long_step(progress, f"{label} | {v.name}: first call", _why_slow(v)))
+        events = stack.enter_context(timing.autotune_events())
+        out, ms = timing.first_call(case.fn, args, device)
+        details += _autotuned(events)
+    return out, ms
+
+
+def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings, say, label: str, progress) -> None:
+    """Build, first call, correctness, kernel count and peak memory of one variant."""
+    v, rec, device = case.variant, case.record, settings.device
+    case.stage = "build"
+    try:
+        say(f"{v.name}: building" + (" and compiling" if v.compiled else ""))
+        out, rec["first_call_ms"] = _build_and_first_call(case, spec, dtype, shape, args, settings, label, progress)
+        case.stage = "check"
         rel, max_abs = errors(out, expected)
         del out
         rec["rel_error"], rec["max_abs_error"] = rel, max_abs
@@ -198,18 +229,20 @@ def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings,
         rec["status"] = "ok" if tol is not None and rel <= tol else "wrong"
         if rec["status"] == "wrong":
             rec["error"] = f"relative error {rel:.3g} above the tolerance {tol}"
-        stage = "profile"
-        progress(f"{v.name}: counting kernels", True)
+        case.stage = "kernel count"
+        say(f"{v.name}: counting kernels", True)
         prof = kernels.profile_call(case.fn, args, device)
         rec["kernels"], rec["kernel_unit"], rec["kernel_names"] = prof.count, prof.unit, prof.names
         rec["kernel_us"] = {k: round(t, 3) for k, t in prof.device_us.items()}
+        case.stage = "peak memory"
+        rec["peak_bytes"] = timing.peak_bytes(case.fn, args, device)
     except VariantSkipped as e:
         rec["status"], rec["error"], case.fn = "skipped", str(e), None
     except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
-        if stage == "profile":  # the variant itself works: keep it, note what failed
-            rec["error"] = _error_text("kernel count", e)
+        if case.stage in ("kernel count", "peak memory"):  # the variant itself works: keep it, note what failed
+            rec["error"] = _error_text(case.stage, e)
         else:
-            rec["status"], rec["error"], case.fn = "failed", _error_text(stage, e), None
+            rec["status"], rec["error"], case.fn = "failed", _error_text(case.stage, e), None
             rec["traceback"] = traceback.format_exc(limit=-8)[-4000:]
         _free(device)
 
@@ -262,12 +295,25 @@ def _time_graphs(cases: list[Case], args, settings: Settings, progress) -> None:
             else:
                 graphed[id(case)].add(times)
     for case in cases:
-        case.record["cudagraph_ms"] = graphed[id(case)].median if id(case) in graphed else None
+        times = graphed.get(id(case))
+        case.record["cudagraph_ms"] = times.median if times is not None else None
+        if times is not None and not times.stable:
+            _flag(case.record, NOISY_GRAPH)
 
 
-def derive(records: list[dict], bound: str, limit: float | None) -> None:
-    """Throughput, share of the limit, speed-ups and the best mark for one (dtype, shape)."""
+def _flag(record: dict, code: str) -> None:
+    flags = record.setdefault("flags", [])
+    if code not in flags:
+        flags.append(code)
+
+
+def derive(records: list[dict], bound: str, limit: float | None, limit_stable: bool = True) -> None:
+    """Throughput, share of the limit, speed-ups, the best mark and the flags of the figures
+    that are not stable (``record.FLAGS``) for one (dtype, shape)."""
     by_name = {r["variant"]: r for r in records}
+    for r in records:
+        if r["median_ms"] is not None and not timing.is_stable(r["p20_ms"], r["p80_ms"], r["samples"]):
+            _flag(r, NOISY)
 
     def usable(r):
         return r is not None and r["median_ms"] and r["status"] in ("ok", "wrong") and not r["interpreted"]
@@ -282,10 +328,19 @@ def derive(records: list[dict], bound: str, limit: float | None) -> None:
         r["tflops"] = r["flops"] / sec / 1e12
         value = r["tflops"] if bound == "compute" else r["gbps"]
         r["limit_share"] = value / limit if limit else None
+        if r["limit_share"] is not None:
+            if r["limit_share"] > 1:
+                _flag(r, ABOVE_LIMIT)
+            if not limit_stable:
+                _flag(r, UNSTABLE_LIMIT)
         if usable(eager) and eager["status"] == "ok":
             r["speedup_vs_eager"] = eager["median_ms"] / r["median_ms"]
+            if NOISY in eager["flags"] and r is not eager:
+                _flag(r, NOISY_EAGER)
         if usable(compiled) and compiled["status"] == "ok":
             r["speedup_vs_compile"] = compiled["median_ms"] / r["median_ms"]
+            if NOISY in compiled["flags"] and r is not compiled:
+                _flag(r, NOISY_COMPILE)
     ranked = [r for r in records if usable(r) and r["status"] == "ok"]
     if ranked:
         min(ranked, key=lambda r: r["median_ms"])["best"] = True
@@ -321,7 +376,7 @@ def _apply_rounding_floor(records: list[dict], expected: list[torch.Tensor], dty
 def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, progress) -> list[dict]:
     """All records of one (dtype, shape)."""
     device = settings.device
-    cases = [Case(v, _base_record(spec, v, dtype, shape, settings)) for v in variants]
+    cases = [Case(v, base_record(spec, v, dtype, shape, settings)) for v in variants]
     label = f"{spec.name} {limits_mod.dtype_name(dtype)} {spec.describe(shape)}"
 
     def say(text, detail=False):
@@ -351,7 +406,7 @@ def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, p
         torch._dynamo.reset()  # a fresh compile per shape: no dynamic shapes, no reused autotune result
     pristine = _snapshot(args, device)
     for c in cases:
-        _prepare(c, spec, dtype, shape, args, expected, settings, say)
+        _prepare(c, spec, dtype, shape, args, expected, settings, say, label, progress)
         if not _restore_inputs(args, pristine):  # it wrote into its inputs: the others get them back
             c.record["status"], c.fn = "failed", None
             c.record["error"] = "check: the variant changed its inputs in place (restored for the other variants)"
@@ -365,7 +420,7 @@ def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, p
             c.record["sm_clock_mhz"] = clock
     records = [c.record for c in cases]
     limit, _ = limits_mod.limit_for(limits, spec.bound, dtype)
-    derive(records, spec.bound, limit)
+    derive(records, spec.bound, limit, limits_mod.limit_stable(limits, spec.bound, dtype))
     for c in cases:
         c.fn = None
     del args, cases

@@ -1,11 +1,17 @@
 """One page over many ops' reports: what a sweep of every op (``make bench``) is read by.
 
 Each op's report (``<run>/<op>/report.md``) has every dtype, shape and variant.
-Over sixteen ops a reader first wants three things, which this page gives:
-for each op and dtype, tk at the largest shape (share of the limit, speed-up
-over eager, compile and the fastest other variant); every large case where tk
-is not the fastest; every small case where tk is behind by CUDA-graph time;
-and every variant that failed or gave a wrong answer.
+Over sixteen ops a reader first wants the worst case, which this page gives
+first: for each op and dtype, the smallest ratio of the fastest other
+variant's time to tk's over every shape (CUDA-graph times under 64 MB moved,
+where tk and another variant have one, medians otherwise: the speed target is
+tk at ``TARGET`` or more) and the shape where it happens, and tk's smallest
+share of the limit among the cases of 64 MB or more.  Then tk at the largest
+shape (share of the limit, speed-up over eager, compile and the fastest other
+variant); every large case where tk is not the fastest; every small case where
+tk is behind by CUDA-graph time; and every variant that failed or gave a wrong
+answer.  A ratio taken from a figure that is not stable is marked ``~``
+(``record.FLAGS``), as in the op's report.
 
 The harness writes ``summary.md`` into the run folder when it runs more than
 one op.  A sweep split over several runs (one per dtype, or an op run again)
@@ -28,12 +34,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from . import record
 from .formats import device_label, fmt_megabytes, fmt_microseconds, fmt_ratio
-from .record import LARGE, LARGEST, SMALL, cells, groups, titles
+from .record import LARGE, LARGEST, SMALL, cells, flags_of, groups, titles
 from .schema import SCHEMA
 
 LARGE_BYTES = 64e6  # "large": 64 MB moved or more, where a kernel should be at the hardware's limit
 TIE = 1.02  # tk within 2% of the fastest other variant counts as level with it
+TARGET = 0.97  # the speed target: tk at least 0.97x the fastest of eager, torch.compile and the peers
 
 
 REPORT_NAMES = ("results.json", "results.json.gz")
@@ -105,7 +113,30 @@ def compare_case(records: list[dict]) -> dict | None:
         "best": best,
         "vs_best": best["median_ms"] / tk["median_ms"],
         "graph_vs_best": graph_ratio,
+        "noisy": _noisy(record.NOISY, tk, best),
     }
+
+
+def _noisy(flag: str, *records: dict) -> bool:
+    return any(flag in flags_of(r) for r in records)
+
+
+def judged_case(records: list[dict]) -> dict | None:
+    """tk against the fastest other at one shape by the figure the speed target names: under 64 MB moved the
+    CUDA-graph time, where tk and another variant have one (against the variant fastest by it); the median
+    otherwise.  None when tk or every other variant has no time."""
+    tk = next((r for r in records if r["kind"] == "tk" and _timed(r)), None)
+    if tk is not None and tk["bytes"] < LARGE_BYTES and _graphed(tk):
+        others = [r for r in records if r["kind"] != "tk" and _graphed(r)]
+        if others:
+            best = min(others, key=lambda r: r["cudagraph_ms"])
+            ratio = best["cudagraph_ms"] / tk["cudagraph_ms"]
+            noisy = _noisy(record.NOISY_GRAPH, tk, best)
+            return {"tk": tk, "best": best, "ratio": ratio, "by": "CUDA graph", "noisy": noisy}
+    case = compare_case(records)
+    if case is None:
+        return None
+    return {"tk": case["tk"], "best": case["best"], "ratio": case["vs_best"], "by": "median", "noisy": case["noisy"]}
 
 
 def _shapes(records: list[dict]) -> dict[str, list[dict]]:
@@ -121,8 +152,34 @@ def _key(op: str, dtype: str, label: str, nbytes: int) -> list[str]:
     return [op, dtype, label, fmt_megabytes(nbytes)]
 
 
-def _against(vs_best: float, best: dict) -> str:
-    return f"{fmt_ratio(vs_best)} ({best['variant']})"
+def _against(vs_best: float, best: dict, noisy: bool = False) -> str:
+    return f"{fmt_ratio(vs_best)}{record.MARK if noisy else ''} ({best['variant']})"
+
+
+WORST_HEADERS = ["op", "dtype", "worst: fastest other / tk", "at shape", "by", f"meets {TARGET:.2f}x",
+                 "lowest tk % of limit, 64 MB or more", "at shape"]  # fmt: skip
+
+
+def worst_cases_table(merged: dict) -> list[list[str]]:
+    """Per (op, dtype): the shape where tk does worst against the fastest other variant (``judged_case``),
+    and the case of 64 MB or more where tk's share of the limit is lowest."""
+    rows = []
+    for (op, dtype), records in sorted(merged.items()):
+        judged = [(label, case) for label, recs in _shapes(records).items() if (case := judged_case(recs)) is not None]
+        if not judged:
+            rows.append([op, dtype, "no time for tk or no other variant", "", "", "", "", ""])
+            continue
+        label, worst = min(judged, key=lambda lc: lc[1]["ratio"])
+        meets = "yes" if worst["ratio"] >= TARGET else "NO"
+        shares = [(lb, c["tk"]) for lb, c in judged
+                  if c["tk"]["bytes"] >= LARGE_BYTES and c["tk"].get("limit_share") is not None]  # fmt: skip
+        share, share_label = "", ""
+        if shares:
+            share_label, tk = min(shares, key=lambda lt: lt[1]["limit_share"])
+            share = record.share_cell(tk)
+        rows.append([op, dtype, _against(worst["ratio"], worst["best"], worst["noisy"]), label, worst["by"], meets,
+                     share, share_label])  # fmt: skip
+    return rows
 
 
 LARGEST_COMPARISON = ["tk vs the fastest other"]
@@ -139,7 +196,8 @@ def largest_shapes_table(merged: dict) -> list[list[str]]:
             rows.append([*_key(op, dtype, label, by_shape[label][0]["bytes"]), "no time for tk or no other variant", *blank])
             continue
         tk = case["tk"]
-        rows.append([*_key(op, dtype, label, tk["bytes"]), *cells(LARGEST, tk), _against(case["vs_best"], case["best"])])
+        rows.append([*_key(op, dtype, label, tk["bytes"]), *cells(LARGEST, tk),
+                     _against(case["vs_best"], case["best"], case["noisy"])])  # fmt: skip
     return rows
 
 
@@ -156,7 +214,7 @@ def large_cases(merged: dict) -> tuple[int, list[list[str]]]:
                 continue
             count += 1
             if case["vs_best"] * TIE < 1:
-                comparison = [_against(case["vs_best"], case["best"]), fmt_ratio(case["graph_vs_best"])]
+                comparison = [_against(case["vs_best"], case["best"], case["noisy"]), fmt_ratio(case["graph_vs_best"])]
                 behind.append([*_key(op, dtype, label, case["tk"]["bytes"]), *cells(LARGE, case["tk"]), *comparison])
     return count, behind
 
@@ -186,7 +244,9 @@ def small_cases(merged: dict) -> tuple[int, list[list[str]]]:
             best = min(others, key=lambda r: r["cudagraph_ms"])
             vs_best = best["cudagraph_ms"] / tk["cudagraph_ms"]
             if vs_best * TIE < 1:
-                comparison = [f"{fmt_microseconds(best['cudagraph_ms'])} ({best['variant']})", fmt_ratio(vs_best)]
+                noisy = record.MARK if _noisy(record.NOISY_GRAPH, tk, best) else ""
+                fastest = f"{fmt_microseconds(best['cudagraph_ms'])} ({best['variant']})"
+                comparison = [fastest, fmt_ratio(vs_best) + noisy]
                 behind.append([*_key(op, dtype, label, tk["bytes"]), *cells(SMALL, tk), *comparison])
     return count, behind
 
@@ -232,7 +292,14 @@ def _headers(shape_title: str, table: str, comparison: list[str]) -> list[str]:
 def markdown(docs: list[dict]) -> str:
     merged = merge(docs)
     out = ["# Every op: tk against eager, torch.compile and the peers", "", *_header(docs), ""]
+    legend = record.flag_legend([r for records in merged.values() for r in records if r["status"] != "skipped"])
     out += [
+        "## The worst case of each op and dtype", "",
+        f"Over every shape: the fastest other variant's time over tk's where that is smallest (the target is "
+        f"{TARGET:.2f}x or more), by CUDA-graph time under 64 MB moved where tk and another variant have one, by "
+        "median otherwise; and tk's lowest share of the limit among the cases of 64 MB or more.", "",
+        tabulate(worst_cases_table(merged), WORST_HEADERS, tablefmt="github"), "",
+        *[f"{line}\n" for line in legend],
         "## The largest shape of each op and dtype", "",
         "Share of the limit: of the copy bandwidth, or of cuBLAS for a compute-bound op. "
         "Speed-ups are ratios of medians in the same run; the last column is against the fastest other variant.", "",

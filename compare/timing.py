@@ -16,10 +16,23 @@ CPU: wall clock (``time.perf_counter``) around each call, repeated.
 
 Steady-state times never include the first call: that one is timed apart,
 since it carries the compile, the autotuning, Triton's JIT.
+
+A time is *stable* (``is_stable``) when p80 / p20 of its calls is at most
+``UNSTABLE_SPREAD`` and it rests on ``MIN_SAMPLES`` calls or more; the pages
+mark every figure that is not (``record.FLAGS``).  On an H100 a call of
+tens of µs or more keeps p80/p20 near 1.01; a launch-bound call of a few µs
+spreads by the host's jitter (its CUDA-graph time is the figure to read), and
+a loaded 2-core CPU by 5x.
+
+Peak memory (``peak_bytes``): what the CUDA caching allocator held above
+the inputs at the peak of one call, its statistics reset just before.  A CPU
+has no such allocator (the CPU allocator keeps no peak), so it is not
+measured there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +47,15 @@ CUDA_METHOD = (
 GRAPH_MAX_COPIES = 256  # inputs under (2 x L2) / 256, about 400 KB on an H100, stay partly in L2
 GRAPH_CALLS = 100  # calls per graph at least: a replay's own launch (10-30 µs) is shared by them all
 CPU_METHOD = "wall clock (time.perf_counter) around each call, repeated; not device-event timing"
+UNSTABLE_SPREAD = 1.25  # p80 / p20 above this: the figure is not stable (see the module's docstring)
+MIN_SAMPLES = 5  # fewer calls than this: their quantiles say nothing about the spread
+
+
+def is_stable(p20: float | None, p80: float | None, samples: int) -> bool:
+    """The rule every page marks by: p80/p20 at most UNSTABLE_SPREAD, over MIN_SAMPLES calls or more."""
+    if p20 is None or p80 is None or samples < MIN_SAMPLES:
+        return False
+    return p80 <= UNSTABLE_SPREAD * p20
 
 
 @dataclass
@@ -58,6 +80,10 @@ class Samples:
     def median(self) -> float | None:
         return statistics.median(self.ms) if self.ms else None
 
+    @property
+    def stable(self) -> bool:
+        return is_stable(self.quantile(0.2), self.quantile(0.8), len(self.ms))
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -71,6 +97,48 @@ def first_call(fn: Callable, args: tuple, device: torch.device):
     out = fn(*args)
     synchronize(device)
     return out, (time.perf_counter() - start) * 1e3
+
+
+def peak_bytes(fn: Callable, args: tuple, device: torch.device) -> int | None:
+    """Bytes the CUDA caching allocator held above what was allocated before one call of ``fn(*args)``, at the
+    call's peak: its outputs and scratch (the inputs are allocated before).  None on a device without one."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn(*args)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return max(int(peak), 0)
+
+
+@contextlib.contextmanager
+def autotune_events():
+    """What Triton's autotuner did while the block ran: a list of (kernel, configs tried, seconds, from disk),
+    filled where the installed Triton has ``knobs.autotuning.listener`` (3.9 has; elsewhere it stays empty)."""
+    events: list[tuple[str, int, float | None, bool]] = []
+    try:
+        import triton
+
+        knobs = triton.knobs.autotuning
+        previous = knobs.listener
+    except (ImportError, AttributeError):
+        yield events
+        return
+
+    def listener(fn, key, best_config, configs_timings, duration, cache_hit, **_):
+        events.append((getattr(fn, "__name__", str(fn)), len(configs_timings or {}), duration, bool(cache_hit)))
+        if previous is not None:
+            previous(fn=fn, key=key, best_config=best_config, configs_timings=configs_timings, duration=duration,
+                     cache_hit=cache_hit)  # fmt: skip
+
+    knobs.listener = listener
+    try:
+        yield events
+    finally:
+        knobs.listener = previous
 
 
 def bench_cuda(fn: Callable, args: tuple, rep_ms: float, warmup_ms: float = 25) -> list[float]:
@@ -202,10 +270,11 @@ def bench_cpu(fn: Callable, args: tuple, budget_ms: float, min_reps: int = 3, ma
     return times
 
 
-def bench(fn: Callable, args: tuple, device: torch.device, rep_ms: float) -> list[float]:
+def bench(fn: Callable, args: tuple, device: torch.device, rep_ms: float, min_reps: int = 3) -> list[float]:
+    """Per-call times of ``fn(*args)`` for about ``rep_ms``; on a CPU at least ``min_reps`` of them."""
     if device.type == "cuda":
         return bench_cuda(fn, args, rep_ms)
-    return bench_cpu(fn, args, rep_ms)
+    return bench_cpu(fn, args, rep_ms, min_reps=min_reps)
 
 
 def method(device: torch.device) -> str:

@@ -468,15 +468,15 @@ def test_harness_runs_the_block(tmp_path):
 def test_models_are_named_apart_from_the_ops():
     """--op gpt_block finds the model; --op all stays every op; an unknown name lists both."""
     args = cli.parser().parse_args(["--op", "all"])
-    names = [plan.spec.name for plan in cli.make_plans(args, torch.device("cpu"))]
+    names = [sweep.spec.name for sweep in cli.make_sweeps(args, torch.device("cpu"))]
     assert names == sorted(ops.SPECS) and "gpt_block" not in names
     args = cli.parser().parse_args(["--op", "gpt_block"])
-    (plan,) = cli.make_plans(args, torch.device("cpu"))
-    assert plan.spec is gpt_block.SPEC and plan.spec.bound == "compute"
+    (sweep,) = cli.make_sweeps(args, torch.device("cpu"))
+    assert sweep.spec is gpt_block.SPEC and sweep.spec.bound == "compute"
     want = ["eager", "eager-unfused", "compile", "compile-unfused", "tk", "compile-tk"]
-    assert [v.name for v in plan.variants] == want
+    assert [v.name for v in sweep.variants] == want
     with pytest.raises(cli.UsageError, match="unknown op 'gpt'; known ops: .*gelu.*; models: gpt_block; or all"):
-        cli.make_plans(cli.parser().parse_args(["--op", "gpt"]), torch.device("cpu"))
+        cli.make_sweeps(cli.parser().parse_args(["--op", "gpt"]), torch.device("cpu"))
 
 
 def test_breakdown_ranks_kernels_and_sums_the_rest():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ops
-from compare import capture, cli
+from compare import capture, cli, formats, record
 from compare.variants import all_variants, select
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -166,6 +166,24 @@ def test_capture_every_op_on_cpu(captured, op):
         assert k["name"] in md and k["file"] in md
     for name in entry["extern"]:
         assert f"extern_kernels.{name}" in md
+
+
+def test_index_and_report_give_the_same_median_and_label_the_profilers_time(captured):
+    """index.md's per-kernel µs come from the profiler's two calls (on a CPU far above a small op's time: 7432
+    µs beside a median of 83.6 µs); they are labelled as such, and each kernel's row carries the variant's
+    median exactly as report.md gives it."""
+    op_dir = captured / "gelu"
+    index, md = (op_dir / "index.md").read_text(), (op_dir / "report.md").read_text()
+    assert "profiler µs per call" in index and "median (report.md)" in index and "not a timing" in index
+    doc = json.loads((op_dir / "results.json").read_text())
+    for e in json.loads((op_dir / "kernels" / "index.json").read_text())["generated"]:
+        r = next(r for r in doc["records"] if (r["variant"], r["dtype"], r["shape_label"]) == (e["variant"], e["dtype"], e["shape_label"]))
+        median = record.marked(formats.fmt_time(r["median_ms"]), r, record.NOISY)
+        report_row = next(line for line in md.splitlines() if line.startswith(f"| {e['variant']} "))
+        assert f"| {median} " in report_row
+        for k in e["kernels"]:
+            index_row = next(line for line in index.splitlines() if line.startswith(f"| {k['name']} ") and f"| {e['variant']} " in line)
+            assert f"| {median} " in index_row
 
 
 def test_stored_module_runs_standalone(captured):

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,8 @@ def test_a_run_of_several_ops_has_a_summary(all_ops_run):
     assert f"{len(ops.SPECS)} ops from {len(ops.SPECS)} reports" in page
     for op in ops.SPECS:
         assert f"| {op} " in page
-    assert page.count("no time for tk or no other variant") == len(ops.SPECS)
+    worst, largest = page.split("## The worst case of each op and dtype")[1].split("## The largest shape of each op and dtype")
+    assert worst.count("no time for tk or no other variant") == largest.count("no time for tk or no other variant") == len(ops.SPECS)
     assert "## Variants that failed or were wrong\n\nNone." in page
 
 
@@ -402,7 +404,7 @@ def test_cpu_op_count_ignores_bookkeeping():
 def test_schema_validation_catches_problems():
     good = {k: None for k in schema.TOP_FIELDS} | {"schema": schema.SCHEMA, "schema_version": 1, "records": []}
     assert schema.validate(good) == []
-    rec = runner._base_record(fake_spec(), all_variants(fake_spec())[0], torch.float32, (64,),
+    rec = runner.base_record(fake_spec(), all_variants(fake_spec())[0], torch.float32, (64,),
                               runner.Settings(torch.device("cpu"), 1.0, 1))  # fmt: skip
     rec["error"] = "inputs: Boom"
     assert schema.validate(good | {"records": [rec]}) == []
@@ -541,3 +543,156 @@ def test_cuda_graph_times_are_pooled_over_interleaved_rounds(monkeypatch):
     assert turns == ["a", "no capture", "fails", "b", "a", "b", "a", "b"]
     graph = {name: case.record["cudagraph_ms"] for name, case in zip(names, cases)}
     assert graph == {"a": 1.2, "no capture": None, "fails": None, "b": 2.0}  # a: the 5.0 round does not decide
+
+
+# ---------------------------------------------------------------------------
+# The terminal: progress and results only; what a user asks for, or a clear refusal.
+# ---------------------------------------------------------------------------
+
+
+def test_the_profilers_chatter_is_filtered_and_nothing_else():
+    """The CPU build of torch 2.13 writes two lines on the C-level stderr per profiler session."""
+    text = (b"USDT:2026-11-27 07:42:11 24657:24657 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+            b"a real error\n"
+            b"USDT:2026-11-27 07:42:11 24657:24657 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+            b"STAGE:2024-01-01 00:00:00 1:1 ActivityProfilerController.cpp:314] Completed Stage: Warm Up\n"
+            b"USDT: something else\n")  # fmt: skip
+    assert kernels.without_profiler_chatter(text) == b"a real error\nUSDT: something else\n"
+
+
+def test_a_run_keeps_the_profiler_off_the_terminal_and_real_errors_on_it(tmp_path, capfd):
+    def loud(x):
+        os.write(2, b"a real error\n")  # what a failing library writes on the C-level stderr
+        return torch.sigmoid(x)
+
+    prof = kernels.profile_call(loud, (torch.randn(10),), torch.device("cpu"))
+    assert prof.names == ["aten::sigmoid"]
+    assert run(tmp_path, "--op", "gelu", "--shapes", "1000", "--variants", "eager,tk") == 0
+    err = capfd.readouterr().err
+    assert err.count("a real error") == 2  # both profiled calls said it, after the session
+    assert "profiler_start" not in err and "profiler_stop" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--op", "gelu", "--variants", "peer"], "op gelu has no variant 'peer' (it has: eager, eager-unfused"),
+        (["--op", "softmax", "--variants", "peer"], "the selected variants of softmax (liger) run on cuda only, not on cpu"),
+        (["--op", "gelu,square", "--variants", "peer"], "nothing to run: op gelu has no variant 'peer'"),
+        (["--op", "gelu,square", "--variants", "turbo"], "unknown variant(s) turbo: no op of gelu,square has them"),
+    ],
+)
+def test_an_empty_selection_is_a_usage_error(tmp_path, capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--out", str(tmp_path), *FAST])
+    assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing ran, nothing was replaced
+
+
+def test_ops_without_the_selected_variants_are_left_out_of_a_run_of_several(tmp_path, fake_op, capsys):
+    assert run(tmp_path, "--op", "gelu,fake", "--variants", "eager-wrong", "--quick") == 0
+    assert "left out: op gelu has no variant 'eager-wrong'" in capsys.readouterr().err
+    assert not (tmp_path / "gelu").exists() and [r["variant"] for r in load(tmp_path, "fake")["records"]] == ["eager-wrong"]
+
+
+def test_a_report_where_nothing_ran_replaces_nothing(tmp_path, monkeypatch, capsys):
+    """Every selected variant skipped (a peer that is not installed): the report is kept in its run folder,
+    the earlier report stays the one logs/<op> names, and the run says so and exits 1."""
+    monkeypatch.setitem(ops.SPECS, "fake", fake_spec())
+    assert run(tmp_path, "--op", "fake", "--variants", "eager", "--shapes", "64") == 0
+    before = os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")
+    assert run(tmp_path, "--op", "fake", "--variants", "missing", "--shapes", "64") == 1
+    err = capsys.readouterr().err
+    assert "error: no variant of fake ran (missing: not installed (No module named 'nonexistent_lib'))" in err
+    assert f"{tmp_path / 'fake'} still names the previous report" in err
+    assert (os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")) == before
+    newest = sorted((tmp_path / "runs").iterdir())[-1]
+    assert json.loads((newest / "fake" / "results.json").read_text())["records"][0]["status"] == "skipped"
+
+
+def test_quick_does_what_its_help_says():
+    """--quick: the first and last shape on a GPU, the first alone on a CPU (the interpreter), one dtype."""
+    (quick,) = [a for a in cli.parser()._actions if "--quick" in a.option_strings]
+    assert "the first and last shape on a GPU, the first shape alone on a CPU" in quick.help
+    args = cli.parser().parse_args(["--op", "gelu", "--quick"])
+    spec = ops.SPECS["gelu"]
+    (cpu,) = cli.make_sweeps(args, torch.device("cpu"))
+    (gpu,) = cli.make_sweeps(args, torch.device("cuda"))  # planned only: nothing touches a GPU
+    assert cpu.shapes == spec.shapes["cpu"][:1] and gpu.shapes == [spec.shapes["cuda"][0], spec.shapes["cuda"][-1]]
+    assert len(cpu.dtypes) == len(gpu.dtypes) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--op", "nope"], "unknown op 'nope'; known ops: add, copy,"),
+        (["--op", "gelu", "--dtype", "fp8"], "unknown dtype 'fp8' for op gelu; valid dtypes: float32, float16"),
+        (["--op", "gelu", "--calls", "0"], "--calls must be at least 1"),
+    ],
+)
+def test_overhead_usage_errors_are_the_main_clis(capsys, argv, expected):
+    from compare import overhead
+
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.main([*argv, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and expected in err and "Traceback" not in err
+
+
+def test_overhead_takes_the_aliases_documents_its_options_and_defaults_to_float32_on_cpu(capsys):
+    from compare import overhead
+
+    assert overhead.main(["--op", "gelu", "--dtype", "fp32,bf16", "--calls", "100", "--device", "cpu"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("gelu ")]
+    assert [row[2] for row in rows] == ["float32", "bfloat16"]
+    assert all(a.help for a in overhead.parser()._actions)  # every option says what it does
+    assert overhead.default_dtype(ops.SPECS["gelu"], torch.device("cpu")) == torch.float32
+    assert overhead.default_dtype(ops.SPECS["gelu"], torch.device("cuda")) == torch.float16
+    assert overhead.default_dtype(ops.SPECS["rgb_to_grayscale"], torch.device("cuda")) == torch.uint8
+
+
+class SlowFirstCall:
+    """Takes ``seconds`` on its first call, as a Triton build and autotune does."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.seconds)
+        return torch.sigmoid(x)
+
+
+def test_a_long_first_call_is_announced_and_timed(tmp_path, monkeypatch, capsys):
+    from compare import progress
+
+    monkeypatch.setattr(progress, "LONG_STEP_S", 0.3)
+    spec = dataclasses.replace(fake_spec(), tk=SlowFirstCall(0.8), unfused={}, peers={})
+    monkeypatch.setitem(ops.SPECS, "fake", spec)
+    argv = ["--op", "fake", "--variants", "eager,tk", "--shapes", "64", "--device", "cpu", "--rep-ms", "2", "--rounds", "1"]
+    assert cli.main([*argv, "--no-capture", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "fake float32 n=64 | tk: first call: still running after 0 s (Triton compiling the kernels" in err
+    took = next(line for line in err.splitlines() if "fake float32 n=64 | tk: first call: took" in line)
+    assert 0.8 <= float(took.split("took ")[1].split(" s")[0]) < 5
+    assert "eager: first call" not in err  # a quick first call says nothing
+
+
+def test_autotune_events_are_collected_and_the_listener_put_back():
+    """Triton 3.9 tells a listener what its autotuner did; the first call's closing line says it."""
+    import triton
+
+    from compare import runner
+
+    if not hasattr(getattr(triton, "knobs", None), "autotuning") or not hasattr(triton.knobs.autotuning, "listener"):
+        pytest.skip("this Triton has no autotuning listener")
+    before = triton.knobs.autotuning.listener
+    with timing.autotune_events() as events:
+        triton.knobs.autotuning.listener(fn=SlowFirstCall, key=(64,), best_config=None, configs_timings={1: 1.0, 2: 2.0},
+                                         duration=12.5, cache_hit=False)  # fmt: skip
+        triton.knobs.autotuning.listener(fn=SlowFirstCall, key=(128,), best_config=None, configs_timings={1: 1.0},
+                                         duration=None, cache_hit=True)  # fmt: skip
+    assert triton.knobs.autotuning.listener is before
+    assert runner._autotuned(events) == ["autotuned SlowFirstCall over 2 configs in 12.5 s",
+                                         "SlowFirstCall: autotune choice read from disk"]  # fmt: skip

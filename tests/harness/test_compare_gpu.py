@@ -86,3 +86,26 @@ def test_a_failed_capture_leaves_random_inputs_working():
     torch.manual_seed(0)
     assert torch.equal(torch.randn(1000, device="cuda"), first)
     assert timing.bench_cudagraph(lambda t: t * 2, (x,), rep_ms=5) > 0
+
+
+def test_gpu_peak_memory(gelu_gpu):
+    """The caching allocator's peak above the inputs: tk's gelu allocates its output alone; the unfused
+    composition holds intermediates of the same size besides."""
+    doc = json.loads((gelu_gpu / "gelu" / "results.json").read_text())
+    by = {(r["shape"][0], r["variant"]): r for r in doc["records"]}
+    out_bytes = 16777216 * 2  # bfloat16
+    assert out_bytes <= by[16777216, "tk"]["peak_bytes"] < out_bytes + (2 << 20)
+    assert by[16777216, "eager-unfused"]["peak_bytes"] >= 2 * out_bytes
+    assert "| peak memory" in (gelu_gpu / "gelu" / "report.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_sweep_over_two_gpus(tmp_path):
+    """One worker per GPU, pinned to it: one run folder, every case measured, both GPUs used."""
+    argv = ["--op", "gelu", "--dtypes", "bfloat16", "--shapes", "4096,65536,1048576", "--variants", "eager,tk"]
+    assert cli.main([*argv, "--rep-ms", "10", "--rounds", "1", "--quiet", "--gpus", "2", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "gelu" / "results.json").read_text())
+    assert schema.validate(doc) == [] and doc["complete"] and len(doc["records"]) == 6
+    assert all(r["status"] == "ok" and r["peak_bytes"] > 0 and r["sm_clock_mhz"] for r in doc["records"])
+    assert {r["worker"] for r in doc["records"]} == {0, 1}
+    assert [w["NCCL_NVLS_ENABLE"] for w in doc["environment"]["workers"]] == ["0", "0"]

@@ -488,3 +488,30 @@ def test_interrupted_by_a_signal(earlier, tmp_path):
             ("eager", 64), ("eager-slow", 64), ("tk", 64)]  # fmt: skip
         assert "Incomplete" in (new_run / OP / "report.md").read_text()
         logs.assert_earlier_intact()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_the_pages_are_written_waits_for_them(logs, spec, monkeypatch, capsys, sig):
+    """Ctrl-C (or a job's time limit) while the last pages are written: every page is written whole, with
+    ``complete: true`` when every case ran; then the run stops (130) without moving a link, and says so."""
+    from compare import plot
+
+    spec()
+    draw = plot.throughput
+
+    def interrupted_while_drawing(doc, path):
+        os.kill(os.getpid(), sig)  # the signal arrives while the plot is drawn
+        return draw(doc, path)
+
+    monkeypatch.setattr(plot, "throughput", interrupted_while_drawing)
+    assert run(logs.root, "--op", OP, "--variants", "eager,tk", "--shapes", "64,128") == 130
+    (new_run,) = logs.new_runs()
+    doc = json.loads((new_run / OP / "results.json").read_text())
+    assert doc["complete"] is True and len(doc["records"]) == 4
+    for name in ("results.csv", "throughput.png", "report.md"):
+        assert (new_run / OP / name).is_file(), name
+    assert "Incomplete" not in (new_run / OP / "report.md").read_text()
+    err = capsys.readouterr().err
+    assert f"interrupted: the report of {OP} in {new_run / OP} is complete (every case ran)" in err
+    assert "latest and the op links are unchanged" in err
+    logs.assert_earlier_intact()

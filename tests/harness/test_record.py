@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from compare import formats, record, report, schema, summary
+from compare import record, report, schema, summary
 
 MB = 1_000_000
 
@@ -51,47 +51,47 @@ def test_a_fresh_record_has_every_field_and_shares_no_list():
     assert a["status"] == "failed" and a["samples"] == 0 and a["best"] is False and a["kernel_us"] == {}
     a["kernel_names"].append("k")
     assert b["kernel_names"] == [] and record.RECORD_FIELDS["kernel_names"].default == []
-    with pytest.raises(KeyError, match="peak_bytes"):
-        record.new_record(peak_bytes=1)
+    with pytest.raises(KeyError, match="energy_mj"):
+        record.new_record(energy_mj=1)
 
 
 def test_a_new_metric_is_one_declaration(monkeypatch, tmp_path):
     """What the next metric needs: its Field.  The runner's record, the results table (where its order puts
     it), results.csv, the schema and the summary's table of the largest shapes all take it from there."""
     peak = record.Field(
-        "peak_bytes", (int, type(None)), "most bytes allocated at once during a call", unit="B",
-        fmt=lambda n: "" if n is None else formats.fmt_bytes(n),
-        columns=(record.Column(record.RESULTS, "peak memory", 125), record.Column(record.LARGEST, "tk peak memory", 40)),
+        "energy_mj", (int, type(None)), "energy drawn by one call", unit="mJ",
+        fmt=lambda n: "" if n is None else f"{n} mJ",
+        columns=(record.Column(record.RESULTS, "energy", 126), record.Column(record.LARGEST, "tk energy", 50)),
     )  # fmt: skip
     monkeypatch.setitem(record.RECORD_FIELDS, peak.name, peak)
-    assert record.new_record()["peak_bytes"] is None
-    records = [make_record("eager", 1.0, peak_bytes=3 * MB), make_record("tk", 0.5, peak_bytes=2 * MB)]
+    assert record.new_record()["energy_mj"] is None
+    records = [make_record("eager", 1.0, energy_mj=3), make_record("tk", 0.5, energy_mj=2)]
     doc = make_doc(records)
 
     headers, rows = report.table_rows(records, "memory")
-    assert headers[headers.index("kernels") + 1] == "peak memory" and headers[-2] == "rel. error"
-    assert [row[headers.index("peak memory")] for row in rows] == ["3 MB", "2 MB"]
-    assert "| peak memory" in report.markdown(doc, None)
+    assert headers[headers.index("kernels") + 1] == "energy" and headers[-2] == "rel. error"
+    assert [row[headers.index("energy")] for row in rows] == ["3 mJ", "2 mJ"]
+    assert "| energy" in report.markdown(doc, None)
 
     report.write_csv(doc, tmp_path)
     with open(tmp_path / "results.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0])[-1] == "peak_bytes" and [r["peak_bytes"] for r in table] == [str(3 * MB), str(2 * MB)]
+    assert list(table[0])[-1] == "energy_mj" and [r["energy_mj"] for r in table] == ["3", "2"]
 
     assert schema.validate(doc) == []
-    del records[0]["peak_bytes"]
-    records[1]["peak_bytes"] = "2 MB"
+    del records[0]["energy_mj"]
+    records[1]["energy_mj"] = "2 mJ"
     problems = schema.validate(doc)
-    assert "record 0: missing 'peak_bytes'" in problems and "record 1: peak_bytes='2 MB' is a str" in problems
+    assert "record 0: missing 'energy_mj'" in problems and "record 1: energy_mj='2 mJ' is a str" in problems
 
-    records[1]["peak_bytes"] = 2 * MB
+    records[1]["energy_mj"] = 2
     (row,) = summary.largest_shapes_table(summary.merge([doc]))
-    assert row[-2:] == ["2 MB", "2.00x (eager)"]
-    assert "| tk peak memory" in summary.markdown([doc])
+    assert row[-2:] == ["2 mJ", "2.00x (eager)"]
+    assert "| tk energy" in summary.markdown([doc])
 
     older = make_doc([make_record("eager", 1.0), make_record("tk", 0.5)])  # written before the field was declared
     for r in older["records"]:
-        del r["peak_bytes"]
+        del r["energy_mj"]
         r["op"] = "older"
     new_row, old_row = summary.largest_shapes_table(summary.merge([older, doc]))
-    assert old_row[0] == "older" and old_row[-2] == "" and new_row[-2] == "2 MB"
+    assert old_row[0] == "older" and old_row[-2] == "" and new_row[-2] == "2 mJ"

@@ -146,3 +146,34 @@ def test_a_kept_sweep_of_gzipped_reports_is_refreshed_by_a_later_run(tmp_path):
     (kept / "gelu" / "results.json.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError, match=r"results\.json\.gz is not valid JSON"):
         summary.find_docs([kept])
+
+
+def test_the_worst_case_of_each_op_and_dtype_comes_first():
+    """Per op and dtype: the smallest fastest-other / tk over every shape, by CUDA-graph time under 64 MB
+    (where both have one) and by median above, with its shape; and tk's lowest share of the limit at 64 MB
+    or more.  The page opens with it."""
+    small = {"nbytes": MB}
+    records = [
+        # 1 MB: tk is faster by median but 0.90x of compile by CUDA-graph time: the worst case.
+        rec("eager", 0.010, shape="s", graph_ms=0.0020, **small), rec("compile", 0.020, shape="s", graph_ms=0.0018, **small),
+        rec("tk", 0.005, shape="s", graph_ms=0.0020, **small),
+        # 512 MB: by median, 0.95x of eager; 4 GB: level.
+        rec("eager", 1.00, shape="l", graph_ms=0.5), rec("tk", 1.0526, shape="l", graph_ms=0.1),
+        rec("eager", 8.00, shape="xl", nbytes=4096 * MB), rec("tk", 8.00, shape="xl", nbytes=4096 * MB),
+        rec("eager", 1.0, dtype="float32"), rec("tk", 0.5, dtype="float32"),
+    ]  # fmt: skip
+    rows = summary.worst_cases_table(summary.merge([doc(records)]))
+    assert rows[0] == ["gelu", "bfloat16", "0.90x (compile)", "s", "CUDA graph", "NO",
+                       f"{100 * 512 * MB / 1.0526e-3 / 1e9 / 3000:.0f}%", "l"]  # fmt: skip
+    assert rows[1][:6] == ["gelu", "float32", "2.00x (eager)", "n=2^26", "median", "yes"]
+    page = summary.markdown([doc(records)])
+    assert page.index("## The worst case of each op and dtype") < page.index("## The largest shape of each op and dtype")
+    assert "0.90x (compile)" in page.split("## The largest shape")[0]
+
+
+def test_a_worst_case_from_a_noisy_figure_is_marked():
+    tk, eager = rec("tk", 1.2), rec("eager", 1.0)
+    tk["flags"] = ["noisy"]
+    (row,) = summary.worst_cases_table(summary.merge([doc([eager, tk])]))
+    assert row[2] == "0.83x ~ (eager)"
+    assert "~ not a stable figure" in summary.markdown([doc([eager, tk])])
