@@ -4,6 +4,8 @@ Which problem takes which kernel, with which tile, is plan.py's; the math is in 
 The autotuner's lists (``CONFIGS``, ``TMA_CONFIGS``) stay beside the kernels they configure.
 """
 
+import inspect
+
 import triton
 import triton.language as tl
 
@@ -95,7 +97,12 @@ def matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SPLIT_K"])(matmul_kernel)
+# The autotuner's choice per shape is kept on disk where this Triton can (3.4 and later): a second
+# process skips the sweep over the configs (seconds for each new shape).
+_KEEP_CHOICE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=["M", "N", "K", "SPLIT_K"], **_KEEP_CHOICE)(
+    matmul_kernel
+)
 
 
 @triton.jit
@@ -182,7 +189,9 @@ TMA_CONFIGS = [
     _tma_config(128, 256, 64, 3, 8, warp_specialize=True),
     _tma_config(128, 128, 64, 5, 4, store_halves=False),
 ]
-matmul_tma_kernel_autotuned = triton.autotune(configs=TMA_CONFIGS, key=["M", "N", "K"])(matmul_tma_kernel)
+matmul_tma_kernel_autotuned = triton.autotune(configs=TMA_CONFIGS, key=["M", "N", "K"], **_KEEP_CHOICE)(
+    matmul_tma_kernel
+)
 
 
 @triton.jit
