@@ -26,7 +26,7 @@ from .blocks.elementwise import (
 )
 from .blocks.fastmath import LOG2E
 from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
-from .spec import ELEMENTWISE_SHAPES, ROUNDING_TOLERANCE, OpSpec, describe_numel, register_spec
+from .spec import ELEMENTWISE_SHAPES, ROUNDING_TOLERANCE, OpSpec, describe_numel, model, register_spec
 
 SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -204,6 +204,11 @@ def _bytes(shape, dtype):
 
 
 # "gelu" is F.gelu's default, the erf form; "gelu_tanh" the tanh approximation.
+# GELU sits in GPT-2's MLP: (tokens x intermediate) elements, and a flat length that is no
+# multiple of anything.
+GELU_SHAPES = {**ELEMENTWISE_SHAPES, "real": [(tokens * model(name).intermediate,) for tokens, name in
+                                             ((1000, "gpt2"), (4095, "gpt2-large"), (8191, "gpt2-xl"))] + [(10**8 + 7,)]}
+
 _FORWARDS = (("none", "gelu", 8, gelu_erf_unfused), ("tanh", "gelu_tanh", 10, gelu_tanh_unfused))
 for _approximate, _name, _flops, _unfused in _FORWARDS:
     register_spec(
@@ -216,7 +221,7 @@ for _approximate, _name, _flops, _unfused in _FORWARDS:
             bytes_moved=_bytes,
             flops=lambda shape, dtype, f=_flops: f * shape[0],
             tolerance=ROUNDING_TOLERANCE,
-            shapes=ELEMENTWISE_SHAPES,
+            shapes=GELU_SHAPES,
             describe=describe_numel,
             call=f'tk.gelu(x, "{_approximate}") against F.gelu(x, approximate="{_approximate}")',
         )
@@ -245,7 +250,7 @@ for _approximate, _name, _flops in (("none", "gelu_backward", 12), ("tanh", "gel
             bytes_moved=_backward_bytes,
             flops=lambda shape, dtype, f=_flops: f * shape[0],
             tolerance=ROUNDING_TOLERANCE,
-            shapes=ELEMENTWISE_SHAPES,
+            shapes=GELU_SHAPES,
             describe=describe_numel,
             call=f'tk.gelu_backward(grad, x, "{_approximate}") against aten.gelu_backward',
         )

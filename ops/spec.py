@@ -79,3 +79,52 @@ ELEMENTWISE_SHAPES = {
     "cuda": [(1 << k,) for k in (12, 16, 20, 22, 24, 26, 28)],
     "cpu": [(1000,), (65_537,), (1 << 20,)],
 }
+
+
+# --------------------------------------------------------------------------
+# Real shapes: where each op sits in the models people run.  An op's spec lists, under
+# shapes["real"], the shapes of its calls in these models (norms over the hidden size,
+# softmax and cross entropy over the vocabulary and attention rows, GEMMs as projections
+# and LM heads with M = tokens); the default GPU sweep runs them after the op's own.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of one model that its ops' shapes come from (from the model's published config)."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        ModelShape("gpt2", 768, 3072, 50257, 12, 12, 64),
+        ModelShape("gpt2-large", 1280, 5120, 50257, 20, 20, 64),
+        ModelShape("gpt2-xl", 1600, 6400, 50257, 25, 25, 64),
+        ModelShape("llama2-7b", 4096, 11008, 32000, 32, 32, 128),
+        ModelShape("llama2-13b", 5120, 13824, 32000, 40, 40, 128),
+        ModelShape("llama3-8b", 4096, 14336, 128256, 32, 8, 128),
+        ModelShape("llama3-70b", 8192, 28672, 128256, 64, 8, 128),
+        ModelShape("mistral-7b", 4096, 14336, 32768, 32, 8, 128),
+        ModelShape("qwen2-7b", 3584, 18944, 152064, 28, 4, 128),
+        ModelShape("qwen2-1.5b", 1536, 8960, 151936, 12, 2, 128),
+        ModelShape("gemma-2b", 2048, 16384, 256000, 8, 1, 256),
+        ModelShape("phi-2", 2560, 10240, 51200, 32, 32, 80),
+        ModelShape("phi-3-mini", 3072, 8192, 32064, 32, 32, 96),
+    )
+}
+
+# Tokens in a batch (batch x sequence): none a multiple of 128, as a last partial batch or a
+# packed sequence gives; the sweep's own shapes are all powers of two or multiples of 128.
+TOKENS = (1000, 4095, 8191)
+
+
+def model(name: str) -> ModelShape:
+    return MODELS[name]

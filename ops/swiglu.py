@@ -44,7 +44,7 @@ from .blocks.elementwise import (
     whole_blocks_end,
 )
 from .runtime import GRAD, check_same, check_tensor, launcher, register_formula, register_op
-from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
+from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, model, register_spec
 
 SQRT_1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
 SQRT_2_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -301,6 +301,9 @@ def _bytes(shape, dtype):
 _SHAPES = {
     "cuda": [(1, 4096), (16, 4096), (256, 4096), (1024, 4096), (4096, 4096), (4096, 14336), (16384, 14336)],
     "cpu": [(4, 250), (64, 1000)],
+    # (tokens, intermediate) of real gated MLPs (ops/spec.py)
+    "real": [(tokens, model(name).intermediate) for tokens, name in ((4095, "llama2-7b"), (8191, "llama3-8b"),
+             (1000, "qwen2-7b"), (4095, "gemma-2b"), (8191, "phi-3-mini"), (1000, "llama2-13b"))],
 }
 
 register_spec(

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from ..spec import OpSpec, register_spec
+from ..spec import OpSpec, model, register_spec
 from .launch import compute_dtype
 
 # --------------------------------------------------------------------------
@@ -35,6 +35,11 @@ def _liger_cross_entropy():
 
 _TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
 
+# (tokens, vocabulary) of real models' losses (ops/spec.py).
+REAL_SHAPES = [(tokens, model(name).vocab) for tokens, name in ((4095, "gpt2"), (8191, "llama3-8b"), (1000, "qwen2-7b"),
+               (4095, "mistral-7b"), (2047, "gemma-2b"), (8191, "phi-2"), (8191, "llama2-7b"))]  # fmt: skip
+
+
 register_spec(
     OpSpec(
         name="cross_entropy",
@@ -47,6 +52,7 @@ register_spec(
         shapes={
             "cuda": [(16384, 4096), (4096, 32000), (4096, 50257), (8192, 128256), (2048, 262144)],
             "cpu": [(64, 1000), (4, 70_001)],
+            "real": REAL_SHAPES,
         },
         describe=lambda shape: f"N{shape[0]}xC{shape[1]}",
         peers={"liger": _liger_cross_entropy},

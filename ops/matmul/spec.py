@@ -2,7 +2,7 @@
 
 import torch
 
-from ..spec import OpSpec, register_spec
+from ..spec import OpSpec, model, register_spec
 
 # --------------------------------------------------------------------------
 # What the comparison harness reads.
@@ -18,6 +18,20 @@ def _bytes(shape, dtype):
     M, N, K = shape
     return (M * K + K * N + M * N) * torch.empty((), dtype=dtype).element_size()
 
+
+def _real_shapes() -> list[tuple]:
+    """(M, N, K) of real models' GEMMs (ops/spec.py), M = tokens: the attention's output projection, the
+    MLP's up and down projections, LM heads (large N, small K); and odd sizes with nothing in common."""
+    llama, gpt2, qwen = model("llama3-8b"), model("gpt2"), model("qwen2-7b")
+    return [
+        (4095, llama.hidden, llama.hidden), (8191, llama.intermediate, llama.hidden),
+        (8191, llama.hidden, llama.intermediate), (1000, qwen.intermediate, qwen.hidden),
+        (8191, gpt2.vocab, gpt2.hidden), (4095, llama.vocab, llama.hidden), (8191, qwen.vocab, qwen.hidden),
+        (1000, 1000, 1000), (4000, 5000, 3000), (1000, 3 * gpt2.hidden, gpt2.hidden),
+    ]  # fmt: skip
+
+
+REAL_SHAPES = _real_shapes()
 
 register_spec(
     OpSpec(
@@ -35,6 +49,7 @@ register_spec(
                 (8192, 14336, 4096),
             ],
             "cpu": [(64, 48, 80), (130, 66, 100)],
+            "real": REAL_SHAPES,
         },
         dtypes=(torch.bfloat16, torch.float16),
         bound="compute",

@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..spec import OpSpec, register_spec
+from ..spec import OpSpec, model, register_spec
 
 # --------------------------------------------------------------------------
 # Layer norm.
@@ -33,6 +33,10 @@ def _liger_layer_norm():
 NORM_SHAPES = {
     "cuda": [(1024, 1024), (65536, 256), (16384, 2048), (4096, 4096), (16384, 4096), (8192, 8192), (16384, 8192), (4096, 32768)],
     "cpu": [(64, 1000), (4, 70_001)],
+    # (tokens, hidden) of real models (ops/spec.py), and a row as long as GPT-2's vocabulary
+    "real": [(tokens, model(name).hidden) for tokens, name in ((4095, "gpt2"), (8191, "gpt2-xl"), (1000, "gpt2-large"),
+             (8191, "llama3-8b"), (4095, "llama2-13b"), (1000, "qwen2-7b"), (4095, "phi-2"), (8191, "phi-3-mini"),
+             (1000, "llama3-70b"))] + [(4096, model("gpt2").vocab)],
 }
 NORM_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float64: 1e-7}
 

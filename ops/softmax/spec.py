@@ -3,7 +3,7 @@
 
 import torch
 
-from ..spec import SPECS, OpSpec, register_spec
+from ..spec import SPECS, OpSpec, model, register_spec
 from .op import _prod
 
 # --------------------------------------------------------------------------
@@ -17,6 +17,17 @@ def _liger_softmax():
     return lambda x: LigerSoftmaxFunction.apply(x)
 
 
+def _real_shapes() -> list[tuple]:
+    """Vocabulary rows (a language model's logits, tokens x vocabulary) and attention rows
+    (batch x heads x sequence rows of sequence scores) of real models (ops/spec.py)."""
+    vocab = [(4096, model("gpt2").vocab), (4095, model("llama2-7b").vocab), (1000, model("qwen2-7b").vocab),
+             (1000, model("gemma-2b").vocab), (8191, model("phi-2").vocab)]  # fmt: skip
+    attention = [(model("gpt2").heads * 1000, 1000), (model("llama2-7b").heads * 2047, 2047)]
+    return vocab + attention
+
+
+REAL_SHAPES = _real_shapes()
+
 register_spec(
     OpSpec(
         name="softmax",
@@ -29,6 +40,7 @@ register_spec(
         shapes={
             "cuda": [(4096, 128), (262144, 128), (4096, 1024), (4096, 4096), (4096, 16384), (1024, 65536), (256, 262144), (64, 1048576)],
             "cpu": [(64, 1000), (4, 70_001)],
+            "real": REAL_SHAPES,
         },
         peers={"liger": _liger_softmax},
     )
