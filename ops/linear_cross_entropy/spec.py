@@ -47,9 +47,16 @@ def _tk_loss(x, weight, target):
 
 
 def _tk_chunked(rows: int):
-    """tk's op with chunks of `rows` rows, whatever its rule would take."""
+    """tk's op with chunks of `rows` rows, whatever its rule would take.  Another tuning runs through
+    a plain autograd.Function over the Python bodies, which torch.compile does not trace (on the CPU
+    they launch Triton's interpreter): the harness's compile-tk-chunk-* variants run the loss eagerly."""
     tuning = replace(TUNING, chunk_rows=rows)
-    return training_step(lambda x, weight, target: linear_cross_entropy_with_tuning(x, weight, target, tuning=tuning))
+
+    @torch.compiler.disable
+    def loss(x, weight, target):
+        return linear_cross_entropy_with_tuning(x, weight, target, tuning=tuning)
+
+    return training_step(loss)
 
 
 def _liger():
