@@ -12,7 +12,7 @@ import torch
 from ..blocks.sizes import cdiv
 from ..runtime import launcher
 from .kernels import linear_cross_entropy_kernel
-from .plan import FLOAT32, IN_OUTPUT, Plan
+from .plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, Plan
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -94,6 +94,12 @@ def _add_weight_gradient(
         torch.addmm(weight_sum, dlogits.t(), x_chunk, beta=beta, out=weight_sum)
     elif plan.weight_sum == FLOAT32:
         torch.addmm(weight_sum, dlogits.t(), x_chunk, beta=beta, out_dtype=torch.float32, out=weight_sum)
+    elif plan.weight_sum == FLOAT32_TRACED:
+        product = torch.mm(dlogits.t(), x_chunk, out_dtype=torch.float32)
+        if first:
+            weight_sum.copy_(product)
+        else:
+            weight_sum.add_(product)
     else:  # WIDENED
         torch.addmm(weight_sum, dlogits.t().float(), x_chunk.float(), beta=beta, out=weight_sum)
 

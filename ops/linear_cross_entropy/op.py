@@ -55,6 +55,7 @@ from ..runtime import (
     check_tensor,
     device_facts,
     follow_autocast,
+    launching_directly,
     register_op,
 )
 from .kernels import REDUCTIONS
@@ -112,11 +113,11 @@ def _check_inputs(op: str, x, weight, target, bias, x_ndims=None) -> None:
 
 def describe(x: torch.Tensor, weight: torch.Tensor, reduction: str, label_smoothing: float, **wanted: bool) -> Meta:
     """The Meta of a call on x (N, H) and weight (V, H); `wanted`: Meta's loss, incoming, x_grad,
-    weight_grad, bias_grad.  The one place that asks the device."""
+    weight_grad, bias_grad.  The one place that asks the device and the call context."""
     n_rows, hidden = x.shape
     return Meta(
         n_rows, hidden, weight.shape[0], x.element_size(), device_facts(x.device),
-        reduction=reduction, smoothing=label_smoothing > 0, **wanted,
+        reduction=reduction, smoothing=label_smoothing > 0, eager=launching_directly(), **wanted,
     )  # fmt: skip
 
 

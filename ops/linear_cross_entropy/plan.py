@@ -12,11 +12,11 @@ Python entry points of op.py.  launch.py carries a plan out and decides nothing.
 
 The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 
-* The chunk.  A chunk of rows is as large as its logits may be: at most ``max(min_chunk_rows,
-  rows_per_hidden * H)`` rows, so that the chunk's logits hold no more elements than the weight
-  (V x H) when that is at least ``min_chunk_rows`` rows, and the weight gradient's sum over the
-  chunks moves little next to the GEMMs.  The N rows are then cut into that many chunks, evened
-  out and rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
+* The chunk.  At most ``max(min_chunk_rows, rows_per_hidden * H)`` rows: a chunk of H rows holds
+  as many logits as the weight has elements, so its memory is bounded by the weight gradient's
+  whatever N and V are, and ``min_chunk_rows`` rows at least keep the weight gradient's sum over
+  the chunks cheap next to the GEMMs.  The N rows are cut into that many chunks, evened out and
+  rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
   harness's curve, the tests' ragged chunks).
 * The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
   every row starts on a 16-byte boundary for cuBLAS and for the row kernel, whose sweep runs to the
@@ -25,9 +25,12 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
   ``max_block`` columns, ``per_thread`` elements a thread; rows of at most ``stacked_row`` columns
   are stacked into tiles of about ``row_tile`` elements.
 * The weight gradient's sum.  One chunk, or float32 / float64 weights: summed in the gradient
-  itself.  16-bit weights over several chunks: summed in float32 and rounded once at the end, on a
-  GPU by a GEMM with a float32 output (``addmm(..., out_dtype=torch.float32)``), in the interpreter
-  from float32 copies of the chunk's operands (torch has no mixed-precision GEMM on the CPU).
+  itself.  16-bit weights over several chunks: summed in float32 and rounded once at the end.  On a
+  GPU, eagerly, by a GEMM that adds into the float32 sum (``addmm(..., out_dtype=torch.float32)``);
+  traced for Inductor, by a GEMM with a float32 output added to the sum (``mm(...,
+  out_dtype=torch.float32)``): Inductor cannot lower addmm with out_dtype (torch 2.13:
+  "tuned_addmm() takes 3 positional arguments but 4 were given").  In the interpreter, from
+  float32 copies of the chunk's operands (torch has no mixed-precision GEMM on the CPU).
 """
 
 from dataclasses import dataclass, replace
@@ -39,7 +42,8 @@ _ACCESS_BYTES = 16  # the widest access a thread makes, and the alignment cuBLAS
 
 # How the weight gradient is summed over the chunks (Plan.weight_sum).
 IN_OUTPUT = "in_output"  # addmm into the gradient itself: one chunk, float32 or float64 weights
-FLOAT32 = "float32"  # 16-bit weights on a GPU: addmm with a float32 output into a float32 sum
+FLOAT32 = "float32"  # 16-bit weights on a GPU, eagerly: addmm with a float32 output into a float32 sum
+FLOAT32_TRACED = "float32_traced"  # the same traced for Inductor: mm with a float32 output, added to the sum
 WIDENED = "widened"  # 16-bit weights in the interpreter: addmm of float32 copies into a float32 sum
 
 
@@ -96,6 +100,10 @@ class Tuning:
     row_tile: PerKind = PerKind(cuda=2048, cpu=1 << 14)
     tile_per_thread: int = 8
 
+    def __post_init__(self):
+        if self.chunk_rows is not None and self.chunk_rows < 1:
+            raise ValueError(f"Tuning.chunk_rows must be at least 1 (or None for the rule), got {self.chunk_rows}")
+
     def with_cpu(self, **values: int) -> "Tuning":
         """This tuning with the interpreter's values of the PerKind constants named replaced:
         ``TUNING.with_cpu(max_block=16)`` sweeps tiny rows in several column chunks."""
@@ -121,6 +129,7 @@ class Meta:
     x_grad: bool = False  # the gradients the call computes
     weight_grad: bool = False
     bias_grad: bool = False
+    eager: bool = True  # launching_directly(): run now, not traced for Inductor
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ class Plan:
     x_grad: bool
     weight_grad: bool
     bias_grad: bool
-    weight_sum: str  # IN_OUTPUT, FLOAT32 or WIDENED (see the module docstring)
+    weight_sum: str  # IN_OUTPUT, FLOAT32, FLOAT32_TRACED or WIDENED (see the module docstring)
 
 
 def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
@@ -208,4 +217,6 @@ def _weight_sum(meta: Meta, chunks: int, tuning: Tuning) -> str:
     """How the weight gradient is summed over the chunks (see the module docstring)."""
     if chunks <= 1 or meta.element_size >= 4 or not tuning.float32_weight_sum:
         return IN_OUTPUT
-    return FLOAT32 if meta.facts.cuda else WIDENED
+    if not meta.facts.cuda:
+        return WIDENED
+    return FLOAT32 if meta.eager else FLOAT32_TRACED

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import ops
 from ops.linear_cross_entropy.kernels import linear_cross_entropy_kernel
 from ops.linear_cross_entropy.op import describe, linear_cross_entropy_with_tuning
-from ops.linear_cross_entropy.plan import FLOAT32, IN_OUTPUT, TUNING, WIDENED, Meta, choose_plan
+from ops.linear_cross_entropy.plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, TUNING, WIDENED, Meta, choose_plan
 from ops.runtime import H100, INTERPRETER, launcher
 
 tk = torch.ops.tk
@@ -419,6 +419,28 @@ def test_compiled_matches_eager(device, reduction):
         assert name in source, f"{name} missing from the compiled code"
 
 
+@pytest.mark.gpu
+def test_compiled_16bit_weight_gradient_over_several_chunks():
+    """Traced for Inductor, a bfloat16 weight gradient over several chunks is summed in float32 by
+    mm(..., out_dtype=float32) and an add (Inductor cannot lower addmm with out_dtype): the compiled
+    step's loss and gradients are those of float64, as the eager step's are."""
+    torch._dynamo.reset()
+    x, weight, target, _ = make_case(2100, 64, 1000, "cuda", torch.bfloat16)
+    assert plan_for(2100, 64, 1000, eager=False).weight_sum == FLOAT32_TRACED
+
+    def step(x, weight):
+        return tk.linear_cross_entropy(x, weight, target, label_smoothing=0.1)
+
+    compiled = torch.compile(step, fullgraph=True)
+    leaves = _leaves(x, weight)
+    loss = compiled(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    ref_loss, ref_grads = reference(x, weight, target, None, torch.tensor(1.0, device="cuda"), label_smoothing=0.1)
+    check("loss", loss, ref_loss, torch.bfloat16)
+    for name, g, want in zip(("grad_x", "grad_weight"), grads, ref_grads):
+        check(name, g, want, torch.bfloat16, scale=2)
+
+
 # ------------------------------------------------------------------ errors
 
 
@@ -489,9 +511,10 @@ def test_device_mismatch_on_cuda():
 # ------------------------------------------------------------------ the plan and the kernel
 
 
-def plan_for(n_rows, hidden, vocab, dtype=torch.bfloat16, facts=H100, tuning=TUNING, **wanted):
-    wanted = wanted or dict(x_grad=True, weight_grad=True)
-    meta = Meta(n_rows, hidden, vocab, torch.empty((), dtype=dtype).element_size(), facts, **wanted)
+def plan_for(n_rows, hidden, vocab, dtype=torch.bfloat16, facts=H100, tuning=TUNING, **fields):
+    """The plan of an eager call that wants grad_x and grad_weight, unless `fields` (Meta's) say otherwise."""
+    fields = {"x_grad": True, "weight_grad": True, **fields}
+    meta = Meta(n_rows, hidden, vocab, torch.empty((), dtype=dtype).element_size(), facts, **fields)
     return choose_plan(meta, tuning)
 
 
@@ -520,9 +543,12 @@ def test_the_chunk_rule_on_an_h100():
         assert (plan.tile.rows, plan.tile.block, plan.tile.warps) == (1, 4096, 16)
     assert plan_for(8191, 4096, 128256, torch.float32).weight_sum == IN_OUTPUT  # float32 weights: summed in place
     assert plan_for(8191, 4096, 128256, facts=INTERPRETER).weight_sum == WIDENED
+    assert plan_for(8191, 4096, 128256, eager=False).weight_sum == FLOAT32_TRACED  # traced for Inductor
     assert plan_for(8191, 4096, 128256, tuning=replace(TUNING, float32_weight_sum=False)).weight_sum == IN_OUTPUT
     assert plan_for(8191, 4096, 128256, tuning=replace(TUNING, chunk_rows=512)).chunks == 16
     assert plan_for(0, 4096, 128256).chunks == 0
+    with pytest.raises(ValueError, match="chunk_rows must be at least 1"):
+        replace(TUNING, chunk_rows=0)
 
 
 def test_the_logits_rows_are_padded_to_16_bytes():
@@ -623,7 +649,8 @@ def test_spec():
 def test_a_16bit_weight_gradient_summed_in_float32_on_the_gpu(dtype):
     """Several chunks of 16-bit weights: the weight gradient summed by GEMMs with a float32 output."""
     x, weight, target, bias = make_case(3000, 512, 32001, "cuda", dtype)
-    assert choose_plan(describe(x, weight, "mean", 0.0, weight_grad=True), TUNING).weight_sum == FLOAT32
+    meta = replace(describe(x, weight, "mean", 0.0, weight_grad=True), eager=True)  # as an eager call plans it
+    assert choose_plan(meta, TUNING).weight_sum == FLOAT32
     check_against_float64(x, weight, target, bias, reduction="mean", label_smoothing=0.1)
 
 
@@ -637,7 +664,8 @@ def test_memory_is_one_chunk_beyond_the_results():
     for vocab in (32768, 131072):
         x, weight, target, _ = make_case(n_rows, hidden, vocab, "cuda", torch.bfloat16)
         x, weight = x.requires_grad_(), weight.requires_grad_()
-        plan = choose_plan(describe(x, weight, "mean", 0.0, x_grad=True, weight_grad=True), TUNING)
+        meta = replace(describe(x, weight, "mean", 0.0, x_grad=True, weight_grad=True), eager=True)
+        plan = choose_plan(meta, TUNING)
         assert (plan.chunk_rows, plan.weight_sum) == (1024, FLOAT32)
         chunk = plan.chunk_rows * plan.logits_stride * 2
         results = (n_rows + vocab) * hidden * 2
