@@ -1,0 +1,222 @@
+"""Linear cross entropy's plan: how a call is cut into chunks of rows and how each chunk is launched.
+
+    Meta          what a call is: N, H, V, the element size, the reduction, which results it wants,
+                  the device's facts
+    Tuning        every constant the rules use, each with its reason; TUNING the default
+    choose_plan   Meta -> Plan: the chunk's rows, the logits buffer's row stride, the row kernel's
+                  tile, how the weight gradient is summed over the chunks
+
+choose_plan is a pure function of the Meta and the Tuning: a test plans for an H100 on any machine
+by building ``Meta(..., facts=H100)`` and runs another chunk size by passing another Tuning to the
+Python entry points of op.py.  launch.py carries a plan out and decides nothing.
+
+The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
+
+* The chunk.  At most ``max(min_chunk_rows, rows_per_hidden * H)`` rows: a chunk of H rows holds
+  as many logits as the weight has elements, so its memory is bounded by the weight gradient's
+  whatever N and V are, and ``min_chunk_rows`` rows at least keep the weight gradient's sum over
+  the chunks cheap next to the GEMMs.  The N rows are cut into that many chunks, evened out and
+  rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
+  harness's curve, the tests' ragged chunks).
+* The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
+  every row starts on a 16-byte boundary for cuBLAS and for the row kernel, whose sweep runs to the
+  padded end (the padding columns are read but masked in registers).
+* The row kernel.  One row a program, swept in chunks of the next power of two of V, at most
+  ``max_block`` columns, ``per_thread`` elements a thread; rows of at most ``stacked_row`` columns
+  are stacked into tiles of about ``row_tile`` elements.
+* The weight gradient's sum.  One chunk, or float32 / float64 weights: summed in the gradient
+  itself.  16-bit weights over several chunks: summed in float32 and rounded once at the end.  On a
+  GPU, eagerly, by a GEMM that adds into the float32 sum (``addmm(..., out_dtype=torch.float32)``);
+  traced for Inductor, by a GEMM with a float32 output added to the sum (``mm(...,
+  out_dtype=torch.float32)``): Inductor cannot lower addmm with out_dtype (torch 2.13:
+  "tuned_addmm() takes 3 positional arguments but 4 were given").  In the interpreter, from
+  float32 copies of the chunk's operands (torch has no mixed-precision GEMM on the CPU).
+"""
+
+from dataclasses import dataclass, replace
+
+from ..blocks.sizes import cdiv, next_power_of_2, rows_in_tile, warps_for
+from ..runtime import DeviceFacts
+
+_ACCESS_BYTES = 16  # the widest access a thread makes, and the alignment cuBLAS wants of a leading dimension
+
+# How the weight gradient is summed over the chunks (Plan.weight_sum).
+IN_OUTPUT = "in_output"  # addmm into the gradient itself: one chunk, float32 or float64 weights
+FLOAT32 = "float32"  # 16-bit weights on a GPU, eagerly: addmm with a float32 output into a float32 sum
+FLOAT32_TRACED = "float32_traced"  # the same traced for Inductor: mm with a float32 output, added to the sum
+WIDENED = "widened"  # 16-bit weights in the interpreter: addmm of float32 copies into a float32 sum
+
+
+@dataclass(frozen=True)
+class PerKind:
+    """A constant's value on a GPU and in Triton's interpreter ("cpu"), which has no registers,
+    only Python overhead for each chunk and each program, so it takes blocks as large as it can."""
+
+    cuda: int
+    cpu: int
+
+    def on(self, facts: DeviceFacts) -> int:
+        return self.cuda if facts.cuda else self.cpu
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Every constant of linear cross entropy's plans.  The GPU numbers are to be measured on an
+    H100 (docs/ops/linear_cross_entropy.md keeps the place for the curve); until then each field
+    says the reasoning it comes from."""
+
+    # Rows a chunk, fixed; None takes the rule below.  The harness draws the curve of time and
+    # memory against it (spec.py: one variant per chunk size), the tests take ragged chunks with it.
+    chunk_rows: int | None = None
+
+    # The rule: a chunk of at most max(min_chunk_rows, rows_per_hidden * H) rows.  Memory: a chunk
+    # of H rows holds as many logits as the weight has elements, so the chunk costs no more than
+    # the weight gradient the call returns anyway (whatever V is).  Speed: each chunk after the
+    # first adds dlogits^T @ x_c into a V x H float32 sum, a GEMM of 2 * rows * V * H flops that
+    # reads and writes 8 * V * H bytes, rows / 4 flops a byte: below about 1200 rows (an H100's
+    # 990 TFLOP/s over 3.35 TB/s) the sum's traffic outlasts its math, hence min_chunk_rows.
+    rows_per_hidden: int = 1
+    min_chunk_rows: int = 1024
+    # The chunks are evened out and their rows rounded up to this: cuBLAS's tiles on Hopper are
+    # 128 or 256 rows, and a last chunk of a few rows would be a GEMM of little use.
+    row_multiple: int = 128
+
+    # 16-bit weights over several chunks: the weight gradient summed in float32 and rounded once
+    # (True), or summed in the weight's dtype, one rounding a chunk (False: no float32 sum, 4 bytes
+    # an element of the weight less memory and traffic, a gradient error up to sqrt(chunks) times
+    # the one rounding's).
+    float32_weight_sum: bool = True
+
+    # The row kernel: chunks of the next power of two of V, capped, `per_thread` elements a thread.
+    # It reads each row twice and writes it once, as cross entropy's backward reads and writes once:
+    # its long rows took 8 a thread on 16 warps (ops/cross_entropy/plan.py, perf-notes version 34).
+    max_block: PerKind = PerKind(cuda=4096, cpu=1 << 14)
+    per_thread: int = 8
+    # Rows of at most `stacked_row` columns are stacked into tiles of about `row_tile` elements,
+    # `tile_per_thread` a thread, as cross entropy stacks them (perf-notes version 28): one
+    # 100-class row a program leaves most lanes idle.  (No language model head has such rows; the
+    # CPU tests do.)
+    stacked_row: PerKind = PerKind(cuda=256, cpu=1 << 14)
+    row_tile: PerKind = PerKind(cuda=2048, cpu=1 << 14)
+    tile_per_thread: int = 8
+
+    def __post_init__(self):
+        if self.chunk_rows is not None and self.chunk_rows < 1:
+            raise ValueError(f"Tuning.chunk_rows must be at least 1 (or None for the rule), got {self.chunk_rows}")
+
+    def with_cpu(self, **values: int) -> "Tuning":
+        """This tuning with the interpreter's values of the PerKind constants named replaced:
+        ``TUNING.with_cpu(max_block=16)`` sweeps tiny rows in several column chunks."""
+        return replace(self, **{name: replace(getattr(self, name), cpu=value) for name, value in values.items()})
+
+
+TUNING = Tuning()
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a call is, as far as its plan goes."""
+
+    n_rows: int  # N: the rows of x (tokens)
+    hidden: int  # H: x's columns, the weight's
+    vocab: int  # V: the weight's rows (classes)
+    element_size: int  # bytes an element of x and the weight
+    facts: DeviceFacts
+    reduction: str = "mean"  # "none", "mean" or "sum"
+    smoothing: bool = False  # label_smoothing > 0
+    loss: bool = True  # the row losses are computed (the forward; not the backward of "none")
+    incoming: bool = False  # the gradient is scaled by an incoming per-row gradient (the backward of "none")
+    x_grad: bool = False  # the gradients the call computes
+    weight_grad: bool = False
+    bias_grad: bool = False
+    eager: bool = True  # launching_directly(): run now, not traced for Inductor
+
+
+@dataclass(frozen=True)
+class RowTile:
+    """The row kernel's launch on a chunk: programs of `rows` rows each (BLOCK_M), swept `block`
+    columns at a time (BLOCK_SIZE) on `warps` warps; `row_multiple` (ROW_MULTIPLE) divides the
+    logits buffer's row stride, a whole number of 16-byte runs."""
+
+    rows: int
+    block: int
+    warps: int
+    row_multiple: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    chunk_rows: int  # rows a chunk (the last may have fewer); 0 for N = 0, when nothing is launched
+    chunks: int
+    logits_stride: int  # the logits buffer's row stride: V padded to 16 bytes
+    tile: RowTile
+    reduction: str  # of the row losses: "none", "mean" (their sum over the kept rows' count) or "sum"
+    loss: bool  # LOSS: the kernel writes each row's loss
+    grad: bool  # GRAD: the kernel writes the logits' gradient in place of the logits
+    incoming: bool  # INCOMING: the gradient is scaled by an incoming per-row gradient
+    mean: bool  # MEAN: the gradient is divided by the number of kept rows (counted first)
+    smoothing: bool  # SMOOTHING: the label-smoothing terms are compiled in
+    x_grad: bool
+    weight_grad: bool
+    bias_grad: bool
+    weight_sum: str  # IN_OUTPUT, FLOAT32, FLOAT32_TRACED or WIDENED (see the module docstring)
+
+
+def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
+    """The chunks, the logits buffer and the row kernel's launch of a call (see the module docstring)."""
+    rows = chunk_rows(meta, tuning)
+    chunks = cdiv(meta.n_rows, rows) if rows else 0
+    vector = _ACCESS_BYTES // meta.element_size
+    stride = cdiv(meta.vocab, vector) * vector
+    grad = meta.x_grad or meta.weight_grad or meta.bias_grad
+    return Plan(
+        chunk_rows=rows,
+        chunks=chunks,
+        logits_stride=stride,
+        tile=_row_tile(meta, rows, stride, vector, tuning),
+        reduction=meta.reduction,
+        loss=meta.loss,
+        grad=grad,
+        incoming=meta.incoming,
+        mean=grad and meta.reduction == "mean" and not meta.incoming,
+        smoothing=meta.smoothing,
+        x_grad=meta.x_grad,
+        weight_grad=meta.weight_grad,
+        bias_grad=meta.bias_grad,
+        weight_sum=_weight_sum(meta, chunks, tuning),
+    )
+
+
+def chunk_rows(meta: Meta, tuning: Tuning = TUNING) -> int:
+    """Rows a chunk: `tuning.chunk_rows` if set, else the rule of the module docstring; at most N."""
+    n_rows = meta.n_rows
+    if n_rows == 0:
+        return 0
+    if tuning.chunk_rows is not None:
+        return min(n_rows, tuning.chunk_rows)
+    most = max(tuning.min_chunk_rows, tuning.rows_per_hidden * meta.hidden)
+    chunks = cdiv(n_rows, most)
+    even = cdiv(cdiv(n_rows, chunks), tuning.row_multiple) * tuning.row_multiple
+    return min(n_rows, even)
+
+
+def _row_tile(meta: Meta, rows: int, stride: int, vector: int, tuning: Tuning) -> RowTile:
+    """Rows of at most `stacked_row` columns stacked into tiles of about `row_tile` elements,
+    longer rows one a program, swept in chunks of at most `max_block` columns."""
+    facts = meta.facts
+    block = min(next_power_of_2(stride), tuning.max_block.on(facts))
+    if block > tuning.stacked_row.on(facts):
+        tile_rows, warps = 1, warps_for(block, tuning.per_thread)
+    else:
+        tile_rows = rows_in_tile(max(rows, 1), block, tuning.row_tile.on(facts))
+        warps = warps_for(tile_rows * block, tuning.tile_per_thread)
+    return RowTile(tile_rows, block, warps, vector)
+
+
+def _weight_sum(meta: Meta, chunks: int, tuning: Tuning) -> str:
+    """How the weight gradient is summed over the chunks (see the module docstring)."""
+    if chunks <= 1 or meta.element_size >= 4 or not tuning.float32_weight_sum:
+        return IN_OUTPUT
+    if not meta.facts.cuda:
+        return WIDENED
+    return FLOAT32 if meta.eager else FLOAT32_TRACED
