@@ -15,4 +15,6 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-__all__ = ["SPECS", "OpSpec", "get_spec"]
+from .patching import patch, unpatch  # noqa: E402  (after the loop: ops.patch is the function)
+
+__all__ = ["SPECS", "OpSpec", "get_spec", "nn", "patch", "unpatch"]

@@ -1,0 +1,125 @@
+"""tk ops as ``torch.nn`` modules, for people who build their models themselves.
+
+    import ops
+    norm = ops.nn.RMSNorm(4096)                                  # y = tk.rms_norm(x, weight, eps)
+    mlp = ops.nn.GatedMLP(4096, 14336)                           # down(swiglu(gate(x), up(x)))
+    loss = ops.nn.LinearCrossEntropyLoss()(h, lm_head.weight, targets)   # never holds the logits
+
+Each module keeps its parameters under the names PyTorch's and HuggingFace's
+modules use (``weight``, ``bias``, ``gate_proj``...), so a state dict loads
+into either.  The math runs in tk's ops, so it works on CUDA (compiled Triton
+kernels) and on the CPU (the same kernels, interpreted), eager and under
+``torch.compile(fullgraph=True)``.  ``ops.patch`` puts the same ops into a
+loaded HuggingFace model without rebuilding it.
+"""
+
+import torch
+from torch import nn
+
+__all__ = [
+    "CrossEntropyLoss",
+    "GELU",
+    "GatedMLP",
+    "LayerNorm",
+    "LinearCrossEntropyLoss",
+    "RMSNorm",
+    "apply_rotary_pos_emb",
+]
+
+_GATES = {"silu": "swiglu", "gelu": "none", "gelu_tanh": "tanh"}  # activation -> swiglu, or geglu's approximate
+
+
+class RMSNorm(nn.Module):
+    """``y = x / sqrt(mean(x^2) + eps) * (offset + weight)`` over the last dim (tk.rms_norm).
+
+    ``offset=1.0`` is Gemma's form (weights stored as their difference from 1,
+    initialised at 0); the scale is then taken in float32, as Gemma does."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, offset: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        initial = torch.zeros if offset else torch.ones
+        self.weight = nn.Parameter(initial(hidden_size, device=device, dtype=dtype))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            return torch.ops.tk.rms_norm(x, self.offset + self.weight.float(), self.eps)
+        return torch.ops.tk.rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}" + (f", offset={self.offset}" if self.offset else "")
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by tk.layer_norm (same parameters, same state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tk.layer_norm(x, list(self.normalized_shape), self.weight, self.bias, self.eps)
+
+
+class GELU(nn.GELU):
+    """``torch.nn.GELU`` computed by tk.gelu (``approximate`` is "none" or "tanh")."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tk.gelu(x, self.approximate)
+
+
+class GatedMLP(nn.Module):
+    """The gated MLP of Llama, Mistral, Qwen2 and Gemma: ``down(act(gate(x)) * up(x))`` with the gate fused
+    (tk.swiglu for ``activation="silu"``, tk.geglu for "gelu" and "gelu_tanh")."""
+
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False, device=None, dtype=None
+    ):
+        super().__init__()
+        if activation not in _GATES:
+            raise ValueError(f"ops.nn.GatedMLP: activation must be one of {sorted(_GATES)}, got {activation!r}")
+        self.activation = activation
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gated(self.gate_proj(x), self.up_proj(x), self.activation))
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` in one tk kernel (see GatedMLP)."""
+    if activation == "silu":
+        return torch.ops.tk.swiglu(gate, up)
+    return torch.ops.tk.geglu(gate, up, _GATES[activation])
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """HuggingFace's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)`` computed by tk.rope: (q_embed, k_embed)."""
+    return torch.ops.tk.rope(q, k, cos, sin, unsqueeze_dim)
+
+
+class CrossEntropyLoss(nn.Module):
+    """``torch.nn.CrossEntropyLoss`` over logits (..., C) and targets (...), computed by tk.cross_entropy
+    (no softmax held; 16-bit logits read as they are)."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if logits.dim() > 2:  # (..., C): the rows of every leading position
+            logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+        return torch.ops.tk.cross_entropy(logits, target, self.ignore_index, self.reduction, self.label_smoothing)
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """``F.cross_entropy(F.linear(x, weight, bias).float(), target)`` without ever holding the logits
+    (tk.linear_cross_entropy): for a language model's head, whose logits are tokens x vocabulary."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__()
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return torch.ops.tk.linear_cross_entropy(
+            x, weight, target, bias, self.ignore_index, self.reduction, self.label_smoothing
+        )
