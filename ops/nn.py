@@ -69,8 +69,9 @@ class GatedMLP(nn.Module):
     (tk.swiglu for ``activation="silu"``, tk.geglu for "gelu" and "gelu_tanh")."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False, device=None, dtype=None
-    ):
+        self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False,
+        device=None, dtype=None,
+    ):  # fmt: skip
         super().__init__()
         if activation not in _GATES:
             raise ValueError(f"ops.nn.GatedMLP: activation must be one of {sorted(_GATES)}, got {activation!r}")
@@ -90,7 +91,7 @@ def gated(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor
     return torch.ops.tk.geglu(gate, up, _GATES[activation])
 
 
-def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
+def apply_rotary_pos_emb(q, k, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1):
     """HuggingFace's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)`` computed by tk.rope: (q_embed, k_embed)."""
     return torch.ops.tk.rope(q, k, cos, sin, unsqueeze_dim)
 

@@ -235,7 +235,8 @@ def _causal_lm_forward(original, parameters: tuple[str, ...]):
         for key in _LOSS_KEYS:
             backbone.pop(key, None)
         outputs = self.base_model(**backbone)
-        loss = causal_lm_loss(outputs[0], self.lm_head, labels, **{k: arguments[k] for k in _LOSS_KEYS if k in arguments})
+        loss_arguments = {k: arguments[k] for k in _LOSS_KEYS if k in arguments}
+        loss = causal_lm_loss(outputs[0], self.lm_head, labels, **loss_arguments)
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
         result = CausalLMOutputWithPast(
@@ -291,7 +292,8 @@ class _Forms:
         self.rope = modeling_llama.apply_rotary_pos_emb
         self.pretrained = transformers.PreTrainedModel
         # activation module -> (kind of gate, its tk form): the ones whose math tk has
-        gelu_tanh = [getattr(activations, n) for n in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation") if hasattr(activations, n)]
+        tanh_forms = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation")
+        gelu_tanh = [getattr(activations, n) for n in tanh_forms if hasattr(activations, n)]
         self.activations = {activations.SiLUActivation: "silu", nn.SiLU: "silu", activations.GELUActivation: "gelu"}
         self.activations.update({cls: "gelu_tanh" for cls in gelu_tanh})
 

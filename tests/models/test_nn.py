@@ -28,6 +28,7 @@ def test_rms_norm_is_llamas_and_with_an_offset_gemmas():
     expected = F.rms_norm(x, (24,), 1 + gemma.weight.detach(), 1e-6)
     assert_close(gemma(x), expected, torch.float32)
     (y, [dx]), (y_ref, [dx_ref]) = _grads(norm, x), _grads(lambda t: F.rms_norm(t, (24,), norm.weight, 1e-5), x)
+    assert_close(y, y_ref, torch.float32)
     assert_close(dx, dx_ref, torch.float32)
 
 
@@ -43,7 +44,10 @@ def test_layer_norm_and_gelu_are_pytorchs_modules_with_their_state():
         assert_close(ops.nn.GELU(approximate)(x), F.gelu(x, approximate=approximate), torch.float32)
 
 
-@pytest.mark.parametrize("activation, reference", [("silu", F.silu), ("gelu", F.gelu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))])
+@pytest.mark.parametrize(
+    "activation, reference",
+    [("silu", F.silu), ("gelu", F.gelu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))],
+)
 def test_gated_mlp_is_down_of_act_gate_times_up(activation, reference):
     torch.manual_seed(0)
     mlp = ops.nn.GatedMLP(12, 20, activation)
@@ -75,7 +79,7 @@ def test_linear_cross_entropy_loss_is_the_loss_of_the_linear_layers_logits():
 
 
 def test_apply_rotary_pos_emb_is_huggingfaces():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     torch.manual_seed(0)
