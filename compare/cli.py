@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", "--dtype", default=None,
                    help=f"{DTYPES_HELP}; default: the spec's dtypes on a GPU, float32 on CPU")  # fmt: skip
     p.add_argument("--shapes", "--sizes", default=None,
-                   help="comma-separated shapes, dims joined by 'x' (gelu: 1024,1048576; softmax: 4096x1024); default: the spec's sweep for the device")  # fmt: skip
+                   help="comma-separated shapes, dims joined by 'x' (gelu: 1024,1048576; softmax: 4096x1024), or a set: "
+                        "'sweep' (the op's own), 'real' (its calls in real models, GPU), 'all' (both, the default on a GPU)")  # fmt: skip
     p.add_argument("--variants", default=None,
                    help="comma-separated variant names or kinds (eager, unfused, compile, max-autotune, tk, peer); default: all")  # fmt: skip
     p.add_argument("--max-autotune", action="store_true",
@@ -88,6 +89,19 @@ def parse_dtypes(text: str, spec) -> list:
     if not out:
         raise UsageError(f"no dtype given; valid dtypes for {spec.name}: {', '.join(valid_dtypes(spec))}")
     return out
+
+
+# Named shape sets for --shapes: the op's own sweep, its calls in real models (ops/spec.py), or both (the default).
+SHAPE_SETS = ("all", "sweep", "real")
+
+
+def default_shapes(spec, device, which: str = "all") -> list[tuple]:
+    """The op's shapes for `device`: its own sweep, then on a GPU its real-model shapes (which="all"); or one set."""
+    sweep = list(spec.shapes.get(device.type) or spec.shapes.get("cpu") or [])
+    real = list(spec.shapes.get("real", [])) if device.type == "cuda" else []
+    if which == "real":
+        return real or sweep
+    return sweep if which == "sweep" else list(dict.fromkeys(sweep + real))
 
 
 def parse_shapes(text: str, spec) -> list[tuple]:
@@ -162,8 +176,8 @@ def make_sweeps(args, device: torch.device, notes: list[str] | None = None) -> l
     specs = {**ops.SPECS, **models}
     known = f"known ops: {', '.join(sorted(ops.SPECS))}; models: {', '.join(sorted(models)) or 'none'}; or all"
     names = op_names(args.op, specs, known)
-    if args.shapes and len(names) > 1:
-        raise UsageError("--shapes needs a single op (shapes differ between ops)")
+    if args.shapes and args.shapes not in SHAPE_SETS and len(names) > 1:
+        raise UsageError(f"--shapes needs a single op (shapes differ between ops), or one of {', '.join(SHAPE_SETS)}")
     wanted = _split(args.variants) if args.variants else None
     max_autotune = args.max_autotune or any("max-autotune" in w for w in wanted or [])
     if wanted and len(names) > 1:
@@ -176,10 +190,9 @@ def make_sweeps(args, device: torch.device, notes: list[str] | None = None) -> l
     for name in names:
         spec = specs[name]
         dtypes = parse_dtypes(args.dtypes, spec) if args.dtypes else default_dtypes(spec, device)
-        if args.shapes:
-            shapes = parse_shapes(args.shapes, spec)
-        else:
-            shapes = list(spec.shapes.get(device.type) or spec.shapes.get("cpu") or [])
+        shapes = default_shapes(spec, device, args.shapes or "all") if args.shapes in (None, *SHAPE_SETS) else (
+            parse_shapes(args.shapes, spec)
+        )
         if args.quick:  # see --quick's help: on a CPU the interpreter makes the last shapes slow
             shapes = shapes[:1] if device.type != "cuda" else list(dict.fromkeys([shapes[0], shapes[-1]]))
             dtypes = dtypes[:1]

@@ -54,8 +54,13 @@ class KernelProfile:
     unit: str = "kernels"
 
 
+# What the profiler names a node of the autograd engine: a container, whose ops count one by one
+# (a compiled function's backward runs inside one, and its fused kernels are what took the time).
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function:"
+
+
 def _is_op(name: str) -> bool:
-    return "::" in name and not name.startswith("aten::")
+    return "::" in name and not name.startswith("aten::") and not name.startswith(_AUTOGRAD_NODE)
 
 
 def _counts_on_cpu(event) -> bool:

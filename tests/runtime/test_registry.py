@@ -206,7 +206,7 @@ def test_eager_calls_have_a_direct_kernel():
     names += ["square_backward"]
     names += ["add", "rgb_to_grayscale", "rgb_to_grayscale_backward", "swiglu", "swiglu_backward", "geglu", "geglu_backward"]
     names += ["cross_entropy_forward", "cross_entropy_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward"]
-    names += ["rope", "rope_backward"]
+    names += ["rope", "rope_backward", "linear_cross_entropy_forward", "linear_cross_entropy_backward"]
     from ops.runtime.library import NATIVE_CUDA as _NATIVE_CUDA
 
     for name in names:
