@@ -1,5 +1,12 @@
 import fcntl
+import os
 import time
+
+# On a host with several GPUs, TK_TEST_GPUS=N spreads pytest-xdist's workers over the first N of them
+# (worker i on GPU i % N): set before anything initializes CUDA.  Tests that need two GPUs then skip.
+if os.environ.get("TK_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(_worker % int(os.environ["TK_TEST_GPUS"]))
 
 import pytest
 import torch
