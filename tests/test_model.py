@@ -475,7 +475,7 @@ def test_models_are_named_apart_from_the_ops():
     assert sweep.spec is gpt_block.SPEC and sweep.spec.bound == "compute"
     want = ["eager", "eager-unfused", "compile", "compile-unfused", "tk", "compile-tk"]
     assert [v.name for v in sweep.variants] == want
-    with pytest.raises(cli.UsageError, match="unknown op 'gpt'; known ops: .*gelu.*; models: gpt_block; or all"):
+    with pytest.raises(cli.UsageError, match="unknown op 'gpt'; known ops: .*gelu.*; models: gpt_block, llama; or all"):
         cli.make_sweeps(cli.parser().parse_args(["--op", "gpt"]), torch.device("cpu"))
 
 
