@@ -18,3 +18,10 @@ def exp(x):
     else:
         y = tl.math.exp2(x * LOG2E)
     return y
+
+
+@triton.jit
+def finite_or_zero(row_max):
+    """The shift for exp() in an online sum of exps (softmax, logsumexp).  While every value seen
+    is -inf, shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
+    return tl.where(row_max == -float("inf"), 0.0, row_max)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..blocks.alignment import known_multiple
-from ..blocks.fastmath import exp
+from ..blocks.fastmath import exp, finite_or_zero
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -53,16 +53,9 @@ def _peeled_frame(row, n_cols, VEC: tl.constexpr):
 def _merge_chunk(run_max, run_sum, x):
     """The running max and sum of exp(x - max) of each row, with the chunk x (rows by columns) added."""
     new_max = tl.maximum(run_max, tl.max(x, axis=1))
-    shift = _finite_or_zero(new_max)
+    shift = finite_or_zero(new_max)
     # Rescale the sum so far from the old max to the new one, then add this chunk.
     return new_max, run_sum * exp(run_max - shift) + tl.sum(exp(x - shift[:, None]), axis=1)
-
-
-@triton.jit
-def _finite_or_zero(row_max):
-    """The shift for exp() in the online sum.  While every value seen is -inf,
-    shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
-    return tl.where(row_max == -float("inf"), 0.0, row_max)
 
 
 @triton.jit
@@ -127,7 +120,7 @@ def cross_entropy_forward_kernel(
     # All masked off (no traffic) for rows of one chunk.
     x_next = _load_logits(sweep_ptrs + BLOCK_SIZE + cols, _in_sweep(BLOCK_SIZE + cols, sweep_end, kept, PEEL))
     run_max = tl.max(x, axis=1)
-    run_sum = tl.sum(exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
+    run_sum = tl.sum(exp(x - finite_or_zero(run_max)[:, None]), axis=1)
     if SMOOTHING:
         # mean(x) - anchor, for the smoothing term's mean logit, as a running
         # sum of (x - anchor) / n (masked lanes add 0, not -inf).  Summing x

@@ -68,7 +68,8 @@ from .plan import TUNING, Meta, Tuning, choose_backward_plan, choose_forward_pla
 # --------------------------------------------------------------------------
 
 
-def _check_options(op: str, reduction: str, label_smoothing: float) -> None:
+def check_options(op: str, reduction: str, label_smoothing: float) -> None:
+    """reduction and label_smoothing as F.cross_entropy takes them (linear_cross_entropy checks its own so too)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"tk.{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:  # NaN fails too
@@ -139,7 +140,7 @@ def forward(
     way), without a float32 copy of the logits: what autocast asks for."""
     op = "cross_entropy_forward"
     _check_logits_and_target(op, logits, target)
-    _check_options(op, reduction, label_smoothing)
+    check_options(op, reduction, label_smoothing)
     loss_dtype = result_dtype(op, "dtype", dtype, logits.dtype)
     logits, target = _rows_view(logits), target.contiguous()
     plan = choose_forward_plan(describe(logits, reduction, label_smoothing), tuning)
@@ -161,7 +162,7 @@ def backward(
     loss (N,) or () and the forward's lse."""
     op = "cross_entropy_backward"
     _check_logits_and_target(op, logits, target)
-    _check_options(op, reduction, label_smoothing)
+    check_options(op, reduction, label_smoothing)
     check_tensor(op, "grad", grad)
     check_tensor(op, "lse", lse, dtypes=(compute_dtype(logits.dtype),))
     n_rows = logits.shape[0]
@@ -248,7 +249,7 @@ def cross_entropy(
     for (N, C) logits with (N,) targets, or unbatched (C,) logits with a 0-d target.
     ``dtype``: the loss's (the logits' if None), see forward."""
     _check_logits_and_target("cross_entropy", logits, target, logits_ndims=(1, 2))
-    _check_options("cross_entropy", reduction, label_smoothing)
+    check_options("cross_entropy", reduction, label_smoothing)
     result_dtype("cross_entropy", "dtype", dtype, logits.dtype)
     options = (ignore_index, reduction, label_smoothing, dtype)
     if logits.dim() == 1:  # unbatched: a batch of one row

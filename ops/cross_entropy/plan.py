@@ -27,21 +27,9 @@ from dataclasses import dataclass, replace
 
 from ..blocks.alignment import column_multiple
 from ..blocks.sizes import cdiv, next_power_of_2, rows_in_tile, warps_for
-from ..runtime import DeviceFacts
+from ..runtime import ByKind, DeviceFacts
 
 _ACCESS_BYTES = 16  # the widest access a thread makes: a row whose start is off this boundary is peeled
-
-
-@dataclass(frozen=True)
-class PerKind:
-    """A constant's value on a GPU and in Triton's interpreter ("cpu"), which has no registers,
-    only Python overhead for each chunk and each program, so it takes blocks as large as it can."""
-
-    cuda: int
-    cpu: int
-
-    def on(self, facts: DeviceFacts) -> int:
-        return self.cuda if facts.cuda else self.cpu
 
 
 @dataclass(frozen=True)
@@ -50,7 +38,7 @@ class Tuning:
     version each field names."""
 
     # The chunk a row is swept in: the next power of two of C, capped.  (Version 28.)
-    max_chunk: PerKind = PerKind(cuda=4096, cpu=1 << 14)
+    max_chunk: ByKind = ByKind(cuda=4096, cpu=1 << 14)
 
     # Rows of at most `stacked_row` columns are stacked into tiles of about `row_tile` elements,
     # `tile_per_thread` a thread: one 100-class row a program leaves most lanes idle, and each
@@ -64,8 +52,8 @@ class Tuning:
     # (reduction="none": 16.1), since taken in parts (`reduce_chunk`).  The backward takes the same
     # tiles: one row a program -> row tiles, bf16 / float32 at 65536x100 21 / 44 -> 49 / 78, level
     # elsewhere (version 29, where two other designs are measured).
-    stacked_row: PerKind = PerKind(cuda=256, cpu=1 << 14)
-    row_tile: PerKind = PerKind(cuda=2048, cpu=1 << 14)
+    stacked_row: ByKind = ByKind(cuda=256, cpu=1 << 14)
+    row_tile: ByKind = ByKind(cuda=2048, cpu=1 << 14)
     tile_per_thread: int = 8
 
     # Rows swept one a program are "short" up to `short_row_chunks` chunks (8192 columns on a GPU):
@@ -100,13 +88,13 @@ class Tuning:
     # forward 32768x1000 bf16 9.9 -> 4.0 µs (of 35.4), 16384x4096 3.5 -> 1.7; backward 5.6 -> 2.0
     # and 3.5 -> 1.9.  The forward's sum alone at 16384 rows: 16 programs of one chunk 5.0 µs, 4 of
     # four chunks 8.3, one program 18.4.  (Version 41.)
-    reduce_chunk: PerKind = PerKind(cuda=1024, cpu=1 << 16)
+    reduce_chunk: ByKind = ByKind(cuda=1024, cpu=1 << 16)
     reduce_per_thread: int = 8
     # Also the length of the loads that add the parts' partials up: a power of two.
     max_parts: int = 128
 
     def with_cpu(self, **values: int) -> "Tuning":
-        """This tuning with the interpreter's values of the PerKind constants named replaced, as
+        """This tuning with the interpreter's values of the ByKind constants named replaced, as
         tests shrink them so that small tensors take the paths of large ones:
         ``TUNING.with_cpu(max_chunk=16, reduce_chunk=4)``."""
         return replace(self, **{name: replace(getattr(self, name), cpu=value) for name, value in values.items()})

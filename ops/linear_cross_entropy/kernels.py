@@ -8,16 +8,9 @@ import triton
 import triton.language as tl
 
 from ..blocks.alignment import known_multiple
-from ..blocks.fastmath import exp
+from ..blocks.fastmath import exp, finite_or_zero
 
 REDUCTIONS = ("none", "mean", "sum")
-
-
-@triton.jit
-def _finite_or_zero(row_max):
-    """The shift for exp() in the online sum.  While every value seen is -inf,
-    shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
-    return tl.where(row_max == -float("inf"), 0.0, row_max)
 
 
 @triton.jit
@@ -72,7 +65,7 @@ def linear_cross_entropy_kernel(
     x = _load_logits(row_ptrs + cols, cols, row_stride, n_cols, kept)
     x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
     run_max = tl.max(x, axis=1)
-    run_sum = tl.sum(exp(x - _finite_or_zero(run_max)[:, None]), axis=1)
+    run_sum = tl.sum(exp(x - finite_or_zero(run_max)[:, None]), axis=1)
     if SMOOTHING:
         # mean(x) - anchor as a running sum of (x - anchor) / n (see ops/cross_entropy/kernels.py:
         # a plain sum of x cancels, and one huge logit would overflow a sum of x - anchor).
@@ -86,7 +79,7 @@ def linear_cross_entropy_kernel(
         cols = start + tl.arange(0, BLOCK_SIZE)[None, :]
         x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
         new_max = tl.maximum(run_max, tl.max(x, axis=1))
-        shift = _finite_or_zero(new_max)
+        shift = finite_or_zero(new_max)
         run_sum = run_sum * exp(run_max - shift) + tl.sum(exp(x - shift[:, None]), axis=1)
         run_max = new_max
         if SMOOTHING:

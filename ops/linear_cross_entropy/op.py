@@ -48,6 +48,7 @@ reaches the kernel as a float32 scalar, as every Python float argument of a Trit
 
 import torch
 
+from ..cross_entropy.op import check_options
 from ..runtime import (
     LOWER_PRECISION,
     NAMESPACE,
@@ -58,20 +59,12 @@ from ..runtime import (
     launching_directly,
     register_op,
 )
-from .kernels import REDUCTIONS
 from .launch import run
 from .plan import TUNING, Meta, Tuning, choose_plan
 
 # --------------------------------------------------------------------------
 # Argument checks.
 # --------------------------------------------------------------------------
-
-
-def _check_options(op: str, reduction: str, label_smoothing: float) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"tk.{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:  # NaN fails too
-        raise ValueError(f"tk.{op}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
 
 
 def _check_inputs(op: str, x, weight, target, bias, x_ndims=None) -> None:
@@ -146,7 +139,7 @@ def forward(
     empty tensors."""
     op = "linear_cross_entropy_forward"
     _check_inputs(op, x, weight, target, bias, x_ndims=(2,))
-    _check_options(op, reduction, label_smoothing)
+    check_options(op, reduction, label_smoothing)
     _check_bias_grad(op, bias, bias_grad)
     now = reduction != "none"  # the gradients are computed here
     meta = describe(
@@ -175,7 +168,7 @@ def backward(
     again; a gradient not asked for is an empty tensor."""
     op = "linear_cross_entropy_backward"
     _check_inputs(op, x, weight, target, bias, x_ndims=(2,))
-    _check_options(op, "none", label_smoothing)
+    check_options(op, "none", label_smoothing)
     _check_bias_grad(op, bias, bias_grad)
     check_tensor(op, "grad", grad, ndims=(1,))
     if grad.shape[0] != x.shape[0]:
@@ -308,7 +301,7 @@ def linear_cross_entropy(
     computed for the inputs that require them, and none under no_grad."""
     op = "linear_cross_entropy"
     _check_inputs(op, x, weight, target, bias)
-    _check_options(op, reduction, label_smoothing)
+    check_options(op, reduction, label_smoothing)
     grad = torch.is_grad_enabled()
     wanted = (grad and x.requires_grad, grad and weight.requires_grad, grad and bias is not None and bias.requires_grad)
     loss, _, _, _ = torch.ops.tk.linear_cross_entropy_forward(

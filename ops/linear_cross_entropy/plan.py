@@ -36,7 +36,7 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 from dataclasses import dataclass, replace
 
 from ..blocks.sizes import cdiv, next_power_of_2, rows_in_tile, warps_for
-from ..runtime import DeviceFacts
+from ..runtime import ByKind, DeviceFacts
 
 _ACCESS_BYTES = 16  # the widest access a thread makes, and the alignment cuBLAS wants of a leading dimension
 
@@ -45,18 +45,6 @@ IN_OUTPUT = "in_output"  # addmm into the gradient itself: one chunk, float32 or
 FLOAT32 = "float32"  # 16-bit weights on a GPU, eagerly: addmm with a float32 output into a float32 sum
 FLOAT32_TRACED = "float32_traced"  # the same traced for Inductor: mm with a float32 output, added to the sum
 WIDENED = "widened"  # 16-bit weights in the interpreter: addmm of float32 copies into a float32 sum
-
-
-@dataclass(frozen=True)
-class PerKind:
-    """A constant's value on a GPU and in Triton's interpreter ("cpu"), which has no registers,
-    only Python overhead for each chunk and each program, so it takes blocks as large as it can."""
-
-    cuda: int
-    cpu: int
-
-    def on(self, facts: DeviceFacts) -> int:
-        return self.cuda if facts.cuda else self.cpu
 
 
 @dataclass(frozen=True)
@@ -90,14 +78,14 @@ class Tuning:
     # The row kernel: chunks of the next power of two of V, capped, `per_thread` elements a thread.
     # It reads each row twice and writes it once, as cross entropy's backward reads and writes once:
     # its long rows took 8 a thread on 16 warps (ops/cross_entropy/plan.py, perf-notes version 34).
-    max_block: PerKind = PerKind(cuda=4096, cpu=1 << 14)
+    max_block: ByKind = ByKind(cuda=4096, cpu=1 << 14)
     per_thread: int = 8
     # Rows of at most `stacked_row` columns are stacked into tiles of about `row_tile` elements,
     # `tile_per_thread` a thread, as cross entropy stacks them (perf-notes version 28): one
     # 100-class row a program leaves most lanes idle.  (No language model head has such rows; the
     # CPU tests do.)
-    stacked_row: PerKind = PerKind(cuda=256, cpu=1 << 14)
-    row_tile: PerKind = PerKind(cuda=2048, cpu=1 << 14)
+    stacked_row: ByKind = ByKind(cuda=256, cpu=1 << 14)
+    row_tile: ByKind = ByKind(cuda=2048, cpu=1 << 14)
     tile_per_thread: int = 8
 
     def __post_init__(self):
@@ -105,7 +93,7 @@ class Tuning:
             raise ValueError(f"Tuning.chunk_rows must be at least 1 (or None for the rule), got {self.chunk_rows}")
 
     def with_cpu(self, **values: int) -> "Tuning":
-        """This tuning with the interpreter's values of the PerKind constants named replaced:
+        """This tuning with the interpreter's values of the ByKind constants named replaced:
         ``TUNING.with_cpu(max_block=16)`` sweeps tiny rows in several column chunks."""
         return replace(self, **{name: replace(getattr(self, name), cpu=value) for name, value in values.items()})
 

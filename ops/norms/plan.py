@@ -75,14 +75,14 @@ smaller Tuning (``TUNING.with_cpu(...)``).
 """
 
 from dataclasses import dataclass, fields, replace
-from typing import Generic, Optional, TypeVar
+from typing import Optional
 
 import torch
 
 from ..blocks.alignment import column_multiple
 from ..blocks.held_rows import HeldSetup, fit_rows, may_overlap_fill, words_block
 from ..blocks.sizes import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
-from ..runtime import INTERPRETER, DeviceFacts, device_facts
+from ..runtime import INTERPRETER, ByKind, DeviceFacts, device_facts
 
 # The designs (see the module docstring).
 NO_ROWS = "no_rows"  # nothing to normalize: outputs only
@@ -90,21 +90,6 @@ SHORT_ROWS = "short_rows"
 LONG_ROWS = "long_rows"
 HELD_ROWS = "held_rows"
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ByKind(Generic[T]):
-    """A constant with one value for the GPU and one for Triton's interpreter (DeviceFacts.kind).
-
-    The interpreter has no registers, only a Python cost per program and step:
-    its values keep the programs few and the blocks large."""
-
-    cuda: T
-    cpu: T
-
-    def __getitem__(self, kind: str) -> T:
-        return self.cuda if kind == "cuda" else self.cpu
 
 
 @dataclass(frozen=True)

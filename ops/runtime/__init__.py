@@ -30,6 +30,7 @@ from .checks import (
 from .device import (
     H100,
     INTERPRETER,
+    ByKind,
     DeviceFacts,
     cuda_capability,
     device_facts,
@@ -46,7 +47,7 @@ from .library import NAMESPACE, NATIVE_CUDA
 from .registry import register_op
 
 __all__ = [
-    "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
+    "ByKind", "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
     "autocast_key", "check_same", "check_tensor", "cuda_capability", "device_facts", "dtype_of", "follow_autocast", "is_dense",
     "is_fake", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "reads_as_float32", "register_formula",
     "register_op", "resident_programs_per_sm", "result_dtype", "set_scratch_allocator", "sm_count", "tma_available",

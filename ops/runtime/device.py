@@ -7,6 +7,7 @@ never launch but go through the same rules while being traced).
 
 import functools
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 import triton
@@ -22,6 +23,8 @@ def kind(device: torch.device) -> str:
     """Which constants apply: "cuda", or "cpu" (the interpreter; also meta and fake CPU tensors)."""
     return "cuda" if device.type == "cuda" else "cpu"
 
+
+T = TypeVar("T")
 
 _REGISTER_UNIT = 256  # registers a warp is given at a time
 _WARPS_PER_PLACEMENT = 4  # warps placed on an SM's schedulers at a time, one each
@@ -78,6 +81,23 @@ class DeviceFacts:
     def programs_at_once(self, num_warps: int, registers: int, programs_per_sm: int, shared: int = 0) -> int:
         """A persistent grid: `programs_per_sm` programs an SM, or as many as fit, on every SM."""
         return min(programs_per_sm, self.resident_programs_per_sm(num_warps, registers, shared)) * self.sm_count
+
+
+@dataclass(frozen=True)
+class ByKind(Generic[T]):
+    """A plan constant with one value for the GPU and one for Triton's interpreter (DeviceFacts.kind).
+
+    The interpreter has no registers, only a Python cost per program and per step: its values keep
+    the programs few and the blocks large."""
+
+    cuda: T
+    cpu: T
+
+    def on(self, facts: DeviceFacts) -> T:
+        return self.cuda if facts.cuda else self.cpu
+
+    def __getitem__(self, kind: str) -> T:
+        return self.cuda if kind == "cuda" else self.cpu
 
 
 INTERPRETER = DeviceFacts("cpu")

@@ -36,9 +36,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 # The Triton kernel's own pieces, compiled as Gluon (which is how Gluon takes in
 # tl.max and tl.sum too): the same math, so the same partials.  launch.py imports
 # this module; where the import fails, the plan never picks these kernels (Meta.gluon).
-from ..blocks.fastmath import exp
+from ..blocks.fastmath import exp, finite_or_zero
 from ..blocks.held_rows import pack, poll, publish, unpack, wait_for_fill
-from .kernels import _block_max_exp, _combine_partials, _finite_or_zero, _rescale
+from .kernels import _block_max_exp, _combine_partials, _rescale
 
 _max_exp = gluon.jit(_block_max_exp.fn)
 _combine = gluon.jit(_combine_partials.fn)
@@ -47,7 +47,7 @@ _pack_word = gluon.jit(pack.fn)
 _unpack_word = gluon.jit(unpack.fn)
 _publish_word = gluon.jit(publish.fn)
 _poll_words = gluon.jit(poll.fn)
-_shift = gluon.jit(_finite_or_zero.fn)
+_shift = gluon.jit(finite_or_zero.fn)
 _exp = gluon.jit(exp.fn)
 _wait_for_fill = gluon.jit(wait_for_fill.fn)
 

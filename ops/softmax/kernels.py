@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..blocks.alignment import known_multiple
-from ..blocks.fastmath import exp
+from ..blocks.fastmath import exp, finite_or_zero
 from ..blocks.held_rows import (
     partial_at,
 )
@@ -48,17 +48,10 @@ def _store_row(ptr, start, cols, end, inner, value):
 
 
 @triton.jit
-def _finite_or_zero(row_max):
-    """The shift for exp() in the online sum.  While every value seen is -inf,
-    shift by 0 instead: exp(-inf - -inf) would be NaN and poison the sum."""
-    return tl.where(row_max == -float("inf"), 0.0, row_max)
-
-
-@triton.jit
 def _block_max_exp(x):
     """max(x) and exp(x - max) of one block (-inf lanes give exp(-inf) = 0)."""
     block_max = tl.max(x, axis=0)
-    return block_max, exp(x - _finite_or_zero(block_max))
+    return block_max, exp(x - finite_or_zero(block_max))
 
 
 @triton.jit
@@ -100,7 +93,7 @@ def _online_max_sum(x_ptr, start, first, end, inner, BLOCK_SIZE: tl.constexpr):
     for chunk in range(first + BLOCK_SIZE, end, BLOCK_SIZE):
         x = _load_row(x_ptr, start, chunk + tl.arange(0, BLOCK_SIZE), end, inner, -float("inf"))
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
-        shift = _finite_or_zero(new_max)
+        shift = finite_or_zero(new_max)
         run_sum = run_sum * exp(run_max - shift) + tl.sum(exp(x - shift), axis=0)
         run_max = new_max
     return run_max, run_sum
