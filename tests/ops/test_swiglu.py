@@ -1,70 +1,21 @@
 """swiglu and geglu: the fused gates of gated MLPs, forward and backward, against float64."""
 
-import inspect
-import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from reference import (
     DEVICES,
     DTYPES,
     assert_close,
-    assert_raises_clearly,
-    error_cases,
-    leaf64,
-    rel_error,
-    strided_versions,
 )
-
-import ops
-from ops.tour import rgb_to_grayscale as rgb_ops
-from ops.blocks.sizes import next_power_of_2
-from ops.blocks.elementwise import elementwise_config, elementwise_grid
-from ops.tour.copy import INTEGER_DTYPES
+from test_elementwise import backward, float64_backward, layouts, pick  # the family's helpers
 
 # sigmoid(x) = 1 / (1 + exp(-x)): for x below about -88, exp overflows to inf in
 # float32 and the sigmoid is 0, as it should be; numpy (the interpreter) warns.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 tk = torch.ops.tk
-WEIGHTS = (0.2989, 0.587, 0.114)
-
-
-def pick(device, cpu, cuda):
-    return cuda if device == "cuda" else cpu
-
-
-def layouts(x):
-    """strided_versions, plus a dense layout that is not the standard one."""
-    yield from strided_versions(x)
-    if x.dim() >= 2:
-        yield "dense-permuted", x.permute(*range(x.dim() - 1, -1, -1)).contiguous().permute(*range(x.dim() - 1, -1, -1))
-
-
-def backward(fn, *inputs, grad):
-    """The gradients of fn's inputs for the output gradient `grad`."""
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    fn(*leaves).backward(grad)
-    return [leaf.grad for leaf in leaves]
-
-
-def float64_backward(fn, *inputs, grad):
-    leaves = [leaf64(x) for x in inputs]
-    fn(*leaves).backward(grad.double())
-    return [leaf.grad for leaf in leaves]
-
-
-# Sizes: one element, one partial block, several blocks with a partial last
-# one (on CPU a block is up to 2**16 elements), and a GPU-sized tensor.
-def elementwise_shapes(device):
-    return pick(device, [(), (1,), (1000,), (3, 4097), (7, 1, 13), (2 * 65536 + 3,)], [(1,), (4097,), (3000, 4099), (1 << 26,)])
-
-
-# ------------------------------------------------------------ swiglu and geglu
-
 def gelu_tanh(x):
     """F.gelu(x, approximate="tanh") as x * sigmoid(2u): the same function, but
     0.5 * (1 + tanh(u)) cancels for x below about -6, even in float64."""
