@@ -279,7 +279,17 @@ def _main(argv: list[str]) -> int:
     run = session.Run(root, run_dir, progress, args.quiet)
     if len(gpus) > 1:
         return split.run_split(sweeps, run, settings, gpus, argv, quick=args.quick, capture=not args.no_capture)
-    return session.run_here(sweeps, run, settings, quick=args.quick, capture=not args.no_capture)
+    status = session.run_here(sweeps, run, settings, quick=args.quick, capture=not args.no_capture)
+    if device.type != "cuda" and status == 0:
+        progress.message(GPU_FIGURES)
+    return status
+
+
+# What a run without a GPU ends by saying: it cannot show a kernel's speed, and where the GPU's figures are.
+GPU_FIGURES = (
+    "No GPU here: tk's kernels ran in Triton's interpreter, whose times are no performance figure. "
+    "The H100's figures: logs/examples/h100/README.md (every op: logs/examples/h100/sweep/summary.md)."
+)
 
 
 if __name__ == "__main__":

@@ -713,3 +713,12 @@ def test_the_default_gpu_sweep_runs_the_ops_own_shapes_then_its_real_ones():
     assert (4096, 50257) in spec.shapes["real"]  # GPT-2's vocabulary, an odd row length
     every_op_with_real_shapes = [n for n, s in ops.SPECS.items() if s.shapes.get("real")]
     assert {"softmax", "layer_norm", "rms_norm", "cross_entropy", "matmul", "gelu", "swiglu"} <= set(every_op_with_real_shapes)
+
+
+def test_a_run_without_a_gpu_ends_by_saying_where_the_gpu_figures_are(tmp_path, capsys):
+    assert cli.main(["--op", "gelu", "--quick", "--variants", "eager,tk", "--no-capture", "--device", "cpu",
+                     "--out", str(tmp_path)]) == 0  # fmt: skip
+    err = capsys.readouterr()
+    said = (err.out + err.err).strip().splitlines()[-1]
+    assert said == cli.GPU_FIGURES and "logs/examples/h100/README.md" in said
+    assert (Path(__file__).resolve().parents[2] / "logs/examples/h100/README.md").exists()
