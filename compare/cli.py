@@ -274,6 +274,8 @@ def _main(argv: list[str]) -> int:
         progress.message(f"error: cannot create a run folder under {root}/: {e}")
         return 1
     progress.message(f"run folder: {run_dir}")
+    if device.type != "cuda":  # said first and last, so that it is on the screen a newcomer looks at
+        progress.message(GPU_FIGURES)
     for note in notes:
         progress.message(note)
     run = session.Run(root, run_dir, progress, args.quiet)

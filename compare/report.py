@@ -33,7 +33,7 @@ def group_title(op: str, dtype: str, label: str, records: list[dict]) -> str:
 
 
 def terminal_tables(doc: dict) -> str:
-    parts = []
+    parts = [f"{doc['op']}: {doc['call']}", ""] if doc.get("call") else []
     for dtype, label, recs in groups(doc["records"]):
         headers, rows = table_rows(recs, doc["bound"])
         parts.append(group_title(doc["op"], dtype, label, recs))
@@ -132,6 +132,8 @@ def _limit_rows(doc: dict) -> list[list[str]]:
 def markdown(doc: dict, png_name: str | None) -> str:
     s = doc["settings"]
     out = [f"# {doc['op']}: tk against eager and torch.compile", ""]
+    if doc.get("call"):
+        out += [f"Compares {doc['call']}.", ""]
     if not doc["complete"]:
         out += ["**Incomplete: the run was interrupted; the tables hold what ran before.**", ""]
     out += [

@@ -5,6 +5,7 @@ Version 1.  Top level::
     schema           "tk-compare"
     schema_version   1
     op, bound        the op's name; "memory" or "compute" (what the share of limit is measured against)
+    call             (optional) what is compared, in words, where the op's name does not say it
     complete         true once every (dtype, shape) ran; false in the report of an interrupted run
     started_utc, finished_utc
     settings         device, dtypes, shapes, variants, rep_ms, rounds, timing_method, quick, capture

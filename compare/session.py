@@ -70,6 +70,7 @@ def new_doc(
         "schema": schema.SCHEMA,
         "schema_version": schema.SCHEMA_VERSION,
         "op": spec.name,
+        "call": spec.call,  # what is compared, in words (an op's arguments: gelu's approximation...)
         "bound": spec.bound,
         "complete": False,
         "started_utc": now_utc(),

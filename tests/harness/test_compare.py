@@ -722,3 +722,14 @@ def test_a_run_without_a_gpu_ends_by_saying_where_the_gpu_figures_are(tmp_path, 
     said = (err.out + err.err).strip().splitlines()[-1]
     assert said == cli.GPU_FIGURES and "logs/examples/h100/README.md" in said
     assert (Path(__file__).resolve().parents[2] / "logs/examples/h100/README.md").exists()
+
+
+def test_a_report_says_what_it_compares_where_the_name_does_not():
+    """gelu is F.gelu's default, the erf form; gelu_tanh the approximation: each report says which."""
+    from compare import report
+
+    doc = {"op": "gelu", "call": ops.SPECS["gelu"].call, "records": [], "bound": "memory", "settings": {}}
+    assert ops.SPECS["gelu"].call.startswith('tk.gelu(x, "none") against F.gelu(x, approximate="none")')
+    text = report.terminal_tables({**doc, "settings": {"device": "cpu", "timing_method": "wall clock"}, "limits": {}})
+    assert text.splitlines()[0] == f"gelu: {ops.SPECS['gelu'].call}"
+    assert 'approximate="tanh"' in ops.SPECS["gelu_tanh"].call
