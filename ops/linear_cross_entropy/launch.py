@@ -54,14 +54,17 @@ def run(
         for index in range(plan.chunks):
             start = index * plan.chunk_rows
             end = min(start + plan.chunk_rows, n_rows)
-            x_chunk, logits = x[start:end], buffer[: end - start, :vocab]
+            # The kernel reads and writes the padded rows whole (their padding ends 0), so it gets the
+            # rows whole: a traced call's functional copy of a tensor covers that tensor's extent only.
+            padded_rows = buffer[: end - start]
+            x_chunk, logits = x[start:end], padded_rows[:, :vocab]
             if bias is None:
                 torch.mm(x_chunk, weight.t(), out=logits)
             else:
                 torch.addmm(bias, x_chunk, weight.t(), out=logits)
             # The pointers a launch does not read (the plan's flags leave them out) are the buffer's.
             launcher(linear_cross_entropy_kernel, x)[(cdiv(end - start, tile.rows),)](
-                logits, target[start:end], row_loss[start:end] if plan.loss else buffer,
+                padded_rows, target[start:end], row_loss[start:end] if plan.loss else buffer,
                 buffer if incoming is None else incoming[start:], buffer if kept_count is None else kept_count,
                 end - start, vocab, plan.logits_stride, 0 if incoming is None else incoming.stride(0),
                 ignore_index, float(label_smoothing),
@@ -75,7 +78,7 @@ def run(
                 _add_weight_gradient(plan, weight_sum, logits, x_chunk, first=index == 0)
             if plan.bias_grad:
                 bias_sum += logits.sum(0, dtype=compute)
-        del buffer, logits
+        del buffer, padded_rows, logits
 
     # A float32 sum rounded once to the weight's dtype, after the buffer is given back; a result the
     # plan does not compute is an empty tensor of its own.

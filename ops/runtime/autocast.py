@@ -16,6 +16,7 @@ FLOAT32 = "float32"  # floating inputs in float32: PyTorch's float32 list, as fo
 # list: their weights and biases are cast, as FLOAT32 casts them; they are small).
 FLOAT32_RESULT = "float32_result"
 _POLICIES = (LOWER_PRECISION, FLOAT32, FLOAT32_RESULT)
+POLICIES: dict[str, dict[str, str]] = {}  # each op's policy per device type, as follow_autocast was given it
 
 
 def follow_autocast(name: str, policies: dict[str, str]) -> None:
@@ -34,6 +35,7 @@ def follow_autocast(name: str, policies: dict[str, str]) -> None:
     ``Autocast<Device>`` key, which the dispatcher visits only while autocast
     is on: other calls pay nothing."""
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    POLICIES[name] = dict(policies)
     for device_type, policy in policies.items():
         if policy not in _POLICIES:
             raise ValueError(f"tk.{name}: unknown autocast policy {policy!r} for {device_type}")

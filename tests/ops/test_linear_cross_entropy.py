@@ -690,3 +690,35 @@ def test_chunk_sizes_agree_on_the_gpu():
     x, weight, target, _ = make_case(4095, 768, 50257, "cuda", torch.bfloat16)
     for rows in (256, 1024, 4096, 1 << 62):
         check_against_float64(x, weight, target, None, replace(TUNING, chunk_rows=rows), reduction="mean")
+
+
+def test_the_kernel_gets_the_padded_rows_it_addresses(monkeypatch):
+    """The row kernel reads and writes each chunk's rows up to the padded stride (the padding is
+    written 0), so the tensor it is handed must span them: under tracing, its argument's functional
+    copy covers that tensor's extent and no more (a view of V columns would leave the last row's
+    padding outside, an access past the copy)."""
+    from ops.linear_cross_entropy import launch
+
+    seen = []
+
+    def recording(kernel, like):
+        launch_of = launcher(kernel, like)
+
+        def grid(g):
+            def call(logits, *args, **kwargs):
+                n_rows, n_cols, row_stride = args[4], args[5], args[6]
+                seen.append((logits.numel(), n_rows, n_cols, row_stride))
+                return launch_of[g](logits, *args, **kwargs)
+
+            return call
+
+        return type("Recorded", (), {"__getitem__": lambda self, g: grid(g)})()
+
+    monkeypatch.setattr(launch, "launcher", recording)
+    x, weight, target, bias = make_case(37, 16, 7, "cpu", torch.float32)  # 7 classes: rows padded to 8
+    tuning = replace(TUNING, chunk_rows=16)  # chunks of 16, 16 and 5 rows
+    linear_cross_entropy_with_tuning(x, weight, target, bias, tuning=tuning)
+    assert [s[1] for s in seen] == [16, 16, 5]
+    for numel, n_rows, n_cols, row_stride in seen:
+        assert (n_cols, row_stride) == (7, 8)
+        assert numel >= n_rows * row_stride, (numel, n_rows, row_stride)
