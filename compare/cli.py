@@ -63,6 +63,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rep-ms", type=float, default=None, help="timing per variant and round, ms (default: 40 on CUDA, 50 on CPU)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default: 3 on CUDA, 2 on CPU)")
     p.add_argument("--no-capture", action="store_true", help="do not capture Inductor's output code")
+    p.add_argument("--ir", action=argparse.BooleanOptionalAction, default=None,
+                   help="store the compiled levels (TTIR, TTGIR, LLIR, PTX, SASS) of tk's kernels for each case: on a"
+                        " GPU those that ran (the default there), on a CPU those an H100 would run, compiled for sm_90"
+                        " (about a second a kernel: off by default there)")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="a torch.profiler Chrome trace and key_averages table of each variant (profile/ in the report)")
+    p.add_argument("--ncu", action="store_true",
+                   help="Nsight Compute over the sweep's first case, one variant at a time (GPU, ncu on PATH):"
+                        " bandwidth, occupancy, registers, spills per kernel (ncu/ in the report)")  # fmt: skip
     p.add_argument("--no-cudagraph", action="store_true", help="skip the CUDA-graph replay time of small calls")
     p.add_argument("--quiet", action="store_true", help="no progress line, no tables on the terminal")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "k/n": a worker of a split sweep (split.py)
@@ -241,7 +250,8 @@ def settings_from(args, device: torch.device) -> runner.Settings:
     rounds = args.rounds or DEFAULT_ROUNDS[device.type]
     if args.quick:
         rep_ms, rounds = (args.rep_ms or rep_ms / 2), (args.rounds or 1)
-    return runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph)
+    return runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph,
+                           profile=args.profile, ir=args.ir, ncu=args.ncu)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -263,6 +273,12 @@ def _main(argv: list[str]) -> int:
         p.error(str(e))
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.ncu:
+        from . import ncu
+
+        why = ncu.unavailable(device, len(gpus))
+        if why:
+            p.error(f"--ncu: {why}")
     settings = settings_from(args, device)
     if args.worker is not None:  # one worker of a split sweep: its cases come from the parent
         return split.serve(sweeps, settings, Path(args.worker_run), args.worker, not args.no_capture)

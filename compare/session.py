@@ -86,6 +86,8 @@ def new_doc(
             "quick": bool(quick),
             "capture": capture,
             "workers": workers,
+            "profile": settings.profile,
+            "ir": bool(capture) and (settings.ir if settings.ir is not None else settings.device.type == "cuda"),
         },
         "environment": env,
         "limits": lim,
@@ -226,25 +228,31 @@ class Run:
             return False
 
 
-def capture_for(sweep: Sweep, op_dir: Path, device, wanted: bool):
-    """The capture of the op's compiled variants' output code, or None (off, or nothing compiles)."""
-    if not wanted or not any(v.compiled for v in sweep.variants):
+def capture_for(sweep: Sweep, op_dir: Path, device, wanted: bool, ir: bool | None = None):
+    """The capture of the op's compiled variants' output code and of tk's launches, or None (off, or neither
+    kind of variant in the sweep).  ``ir``: tk's compiled levels too (None: on a GPU)."""
+    if not wanted or not any(v.compiled or v.kind == "tk" for v in sweep.variants):
         return None
     try:
         from .capture import Capture
     except ImportError:
         return None
-    return Capture(op_dir, sweep.spec, device)
+    return Capture(op_dir, sweep.spec, device, ir=ir)
 
 
 def run_op(sweep: Sweep, run: Run, settings: runner.Settings, env: dict, lim: dict, quick: bool, capture: bool) -> dict:
     """Sweep one op in this process into ``<run>/<op>``; its pages are written whole, even when interrupted."""
     op_dir = run.op_dir(sweep.spec.name)
-    settings.capture = capture_for(sweep, op_dir, settings.device, capture)
+    settings.capture = capture_for(sweep, op_dir, settings.device, capture, settings.ir)
+    settings.profile_dir = op_dir / "profile" if settings.profile else None
     doc = new_doc(sweep, settings, env, lim, quick, settings.capture is not None)
     try:
         runner.sweep(sweep.spec, sweep.variants, sweep.dtypes, sweep.shapes, settings, lim, run.progress,
                      on_records=run.partial_saver(doc))  # fmt: skip
+        if settings.ncu:
+            from . import ncu
+
+            doc["ncu"] = ncu.profile_case(sweep, op_dir, run.progress)
         doc["complete"] = True
     finally:
         run.write_report(doc, settings.capture.finish if settings.capture is not None else None)
