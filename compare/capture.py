@@ -387,7 +387,7 @@ class Capture:
         texts, how = stages_mod.stage_texts(collector)
         for stage, (file, _) in stages_mod.STAGES.items():
             if stage in texts:
-                (folder / file).write_text(texts[stage])
+                (folder / file).write_text(ir_mod.portable(texts[stage]))  # ops/gelu.py, not this checkout's path
                 entry.stages[stage] = {"file": file, "lines": texts[stage].count("\n"), "source": how[stage]}
             else:
                 entry.stages[stage] = {"source": how[stage]}

@@ -316,7 +316,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from . import cli
+    from . import selection as cli
 
     p = parser()
     args = p.parse_args(argv)

@@ -235,14 +235,14 @@ def child(case: dict) -> int:
     """One variant of one case, warmed up, then called once inside the NVTX range ncu profiles."""
     import ops
 
-    from . import cli, models
+    from . import models, selection
     from .variants import all_variants
 
     spec = {**ops.SPECS, **models.model_specs()}[case["op"]]
     variant = next(v for v in all_variants(spec, max_autotune=True) if v.name == case["variant"])
     device = torch.device("cuda")
     torch.manual_seed(0)
-    args = spec.make_inputs(tuple(case["shape"]), cli.DTYPES[case["dtype"]], device)
+    args = spec.make_inputs(tuple(case["shape"]), selection.DTYPES[case["dtype"]], device)
     fn = variant.build(device)
     for _ in range(2):  # compile, autotune, warm: outside the range
         fn(*args)

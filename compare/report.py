@@ -1,4 +1,5 @@
-"""The report of one op: terminal tables, report.md, results.json, results.csv, throughput.png (report.html: html.py)."""
+"""The report of one op: terminal tables, report.md, results.json, results.csv, throughput.png (report.html: html.py,
+written after these by ``session.Run.write_report``)."""
 
 from __future__ import annotations
 
@@ -215,12 +216,4 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
     except Exception as e:  # noqa: BLE001
         doc.setdefault("notes", []).append(f"plot not drawn: {type(e).__name__}: {e}")
     files["md"] = write_markdown(doc, folder, PNG_NAME if "png" in files else None)
-    from . import html
-
-    try:  # last: it reads the other pages' files (the plot, the capture's index, the profiles)
-        files["html"] = html.write(doc, folder)
-    except OSError:
-        raise
-    except Exception as e:  # noqa: BLE001 - report.md stands without it
-        doc.setdefault("notes", []).append(f"report.html not written: {type(e).__name__}: {e}")
     return files

@@ -5,7 +5,7 @@ A run writes into its own folder (``layout``).  For each op:
 1. the sweep fills a report document (``new_doc``), results.json saved after
    every (dtype, shape) so that a crash keeps what ran;
 2. ``Run.write_report`` writes every page of it (results.json, results.csv,
-   throughput.png, report.md and the capture's index), interrupts waiting
+   throughput.png, report.md, the capture's index and report.html), interrupts waiting
    until the pages are whole (``interrupts.deferred``);
 3. ``Run.publish`` prints its tables and points ``<out>/<op>`` at it, unless
    nothing in it ran (every variant skipped: an earlier good report is not
@@ -148,6 +148,7 @@ class Run:
             self.progress.close()
             try:
                 report.write_all(doc, op_dir)
+                write_html(doc, op_dir)
             except OSError as e:
                 raise ReportNotWritten(doc, op_dir, e) from e
             self.written[doc["op"]] = doc
@@ -226,6 +227,19 @@ class Run:
         except OSError as e:
             self.progress.message(f"error: cannot point {link} at {target}: {e}; it still names the previous report")
             return False
+
+
+def write_html(doc: dict, op_dir: Path) -> None:
+    """report.html, last: it reads the other pages' files (the plot, the capture's index, the profiles).
+    A full disk is the report's failure; anything else only costs the page (report.md stands)."""
+    from . import html
+
+    try:
+        html.write(doc, op_dir)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        doc.setdefault("notes", []).append(f"report.html not written: {type(e).__name__}: {e}")
 
 
 def capture_for(sweep: Sweep, op_dir: Path, device, wanted: bool, ir: bool | None = None):
