@@ -35,19 +35,47 @@ HTML_NAME = "report.html"
 MAX_SOURCE_LINES = 400  # longer sources are linked, not inlined (a model's whole module)
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1500px;padding:0 1.2rem 3rem;color:#1d2330}
-h1{font-size:1.6rem;margin:1.2rem 0 .4rem}h2{border-bottom:2px solid #d8dde6;padding-bottom:.2rem;margin-top:2rem}
-h3{margin:1.6rem 0 .5rem;background:#eef2f8;padding:.35rem .6rem;border-radius:4px}h4{margin:.6rem 0 .3rem}
-table{border-collapse:collapse;margin:.4rem 0 .8rem;font-size:13px}th,td{border:1px solid #d8dde6;padding:.2rem .45rem;text-align:left;vertical-align:top}
-th{background:#f4f6fa}tr.best td{background:#eefaf0}tr.bad td{background:#fdeeee}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.pair{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:1rem}.side{border:1px solid #d8dde6;border-radius:6px;padding:.4rem .7rem;min-width:0}
-.side.tk{border-top:4px solid #2ca02c}.side.gen{border-top:4px solid #ff7f0e}.muted{color:#667}.small{font-size:12px}
-.bar{display:inline-block;height:.7em;background:#6b8fd6;margin-right:.35em;vertical-align:middle}.tk .bar{background:#2ca02c}.gen .bar{background:#ff7f0e}
-details{margin:.3rem 0}summary{cursor:pointer;font-weight:600}nav a{margin-right:.8rem}code{font-size:12.5px}
-pre.code{background:#fbfbfd;border:1px solid #e3e6ec;border-radius:4px;padding:.4rem 0;max-height:34em;overflow:auto;font-size:12px;line-height:1.35;counter-reset:line;margin:.3rem 0}
-pre.code .line{white-space:pre}pre.code .line::before{counter-increment:line;content:counter(line);display:inline-block;width:3.2em;margin-right:.8em;text-align:right;color:#9aa3b2}
-.k{color:#7b30d0;font-weight:600}.s{color:#1a7f37}.c{color:#8a8f98;font-style:italic}.n{color:#b35900}.d{color:#b3186e}.f{color:#0550ae;font-weight:600}.b{color:#0a7e8c}.t{color:#c2410c}.p{color:#8250df}
-img.plot{max-width:100%;border:1px solid #e3e6ec}.legend{white-space:pre-wrap;font-size:12.5px;background:#f8f9fb;padding:.5rem .7rem;border-radius:4px}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1500px;
+  padding:0 1.2rem 3rem;color:#1d2330}
+h1{font-size:1.6rem;margin:1.2rem 0 .4rem}
+h2{border-bottom:2px solid #d8dde6;padding-bottom:.2rem;margin-top:2rem}
+h3{margin:1.6rem 0 .5rem;background:#eef2f8;padding:.35rem .6rem;border-radius:4px}
+h4{margin:.6rem 0 .3rem}
+table{border-collapse:collapse;margin:.4rem 0 .8rem;font-size:13px}
+th,td{border:1px solid #d8dde6;padding:.2rem .45rem;text-align:left;vertical-align:top}
+th{background:#f4f6fa}
+tr.best td{background:#eefaf0}
+tr.bad td{background:#fdeeee}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.pair{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:1rem}
+.side{border:1px solid #d8dde6;border-radius:6px;padding:.4rem .7rem;min-width:0}
+.side.tk{border-top:4px solid #2ca02c}
+.side.gen{border-top:4px solid #ff7f0e}
+.muted{color:#667}
+.small{font-size:12px}
+.bar{display:inline-block;height:.7em;background:#6b8fd6;margin-right:.35em;vertical-align:middle}
+.tk .bar{background:#2ca02c}
+.gen .bar{background:#ff7f0e}
+details{margin:.3rem 0}
+summary{cursor:pointer;font-weight:600}
+nav a{margin-right:.8rem}
+code{font-size:12.5px}
+pre.code{background:#fbfbfd;border:1px solid #e3e6ec;border-radius:4px;padding:.4rem 0;max-height:34em;
+  overflow:auto;font-size:12px;line-height:1.35;counter-reset:line;margin:.3rem 0}
+pre.code .line{white-space:pre}
+pre.code .line::before{counter-increment:line;content:counter(line);display:inline-block;width:3.2em;
+  margin-right:.8em;text-align:right;color:#9aa3b2}
+.k{color:#7b30d0;font-weight:600}
+.s{color:#1a7f37}
+.c{color:#8a8f98;font-style:italic}
+.n{color:#b35900}
+.d{color:#b3186e}
+.f{color:#0550ae;font-weight:600}
+.b{color:#0a7e8c}
+.t{color:#c2410c}
+.p{color:#8250df}
+img.plot{max-width:100%;border:1px solid #e3e6ec}
+.legend{white-space:pre-wrap;font-size:12.5px;background:#f8f9fb;padding:.5rem .7rem;border-radius:4px}
 """
 
 
@@ -89,7 +117,8 @@ def _source_block(op_dir: Path, path: str, title: str, open_: bool = False) -> s
     if lines > MAX_SOURCE_LINES:
         return f"<p>{esc(title)}: {_link(path)} ({lines} lines: open the file)</p>"
     summary = f"{esc(title)} <span class='muted small'>({lines} lines, {_link(path, 'file')})</span>"
-    return f"<details{' open' if open_ else ''}><summary>{summary}</summary>{highlight.to_html(text, highlight.language_of(path))}</details>"
+    code = highlight.to_html(text, highlight.language_of(path))
+    return f"<details{' open' if open_ else ''}><summary>{summary}</summary>{code}</details>"
 
 
 # --------------------------------------------------------------------------
@@ -150,7 +179,8 @@ def _ir_cell(launch: dict) -> str:
                                       f"{info['n_spills']} spills" if info.get("n_spills") else "",
                                       f"{info.get('shared', '?')} B shared", f"{info.get('num_warps', '?')} warps") if x)  # fmt: skip
         config = " ".join(f"{k}={v}" for k, v in (ir.get("config") or {}).items())
-        parts.append((f"<span class='small'>{esc(config)}:</span> " if config else "") + f"{links} <span class='muted small'>({esc(facts)})</span>")
+        lead = f"<span class='small'>{esc(config)}:</span> " if config else ""
+        parts.append(f"{lead}{links} <span class='muted small'>({esc(facts)})</span>")
     parts += [f"<span class='muted'>not compiled: {esc(e)}</span>" for e in launch.get("errors", [])]
     return "<br>".join(parts)
 
@@ -290,7 +320,8 @@ def _ncu_block(result: dict | None) -> str:
     from . import ncu
 
     columns = [c for c, _, _ in ncu.METRICS.values()]
-    rows = [[r["variant"], r["kernel"][:70], *("" if r[c] is None else f"{r[c]:,.4g}" for c in columns)] for r in result["rows"]]
+    rows = [[r["variant"], r["kernel"][:70], *("" if r[c] is None else f"{r[c]:,.4g}" for c in columns)]
+            for r in result["rows"]]  # fmt: skip
     units = {c: u for c, _, u in ncu.METRICS.values()}
     out = [f'<h2 id="ncu">Nsight Compute: {esc(result["dtype"])} {esc(result["shape_label"])}</h2>',
            f"<p class='small'>{_link('ncu/summary.md', 'summary.md')}; the .ncu-rep files in {_link('ncu', 'ncu/')} open in"
