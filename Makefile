@@ -20,6 +20,7 @@ DEVICE       ?=
 GPUS         ?=
 RUNS         ?=
 ARGS         ?=
+TOOL         ?= torch
 
 # ---------------------------------------------------------------------------
 # Settings given on the command line are checked before anything runs: a
@@ -28,7 +29,7 @@ ARGS         ?=
 # ---------------------------------------------------------------------------
 
 SETTINGS := PYTHON VENV TORCH_SPEC TORCH_INDEX USE_SYSTEM OP OUT DTYPES SHAPES VARIANTS QUICK MAX_AUTOTUNE \
-            DEVICE GPUS RUNS ARGS
+            DEVICE GPUS RUNS ARGS TOOL
 given    := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 unknown  := $(filter-out $(SETTINGS) MAKEFLAGS MAKEOVERRIDES MFLAGS -%,$(given))
 upper     = $(shell echo '$(1)' | tr a-z A-Z)
@@ -43,6 +44,8 @@ truth     = $(if $(filter 1 true yes on TRUE YES ON True Yes On,$($(1))),1,$(if 
 $(foreach v,QUICK MAX_AUTOTUNE USE_SYSTEM,$(if $(filter bad,$(call truth,$(v))),\
   $(error $(v)=$($(v)) is not a yes or a no: use $(v)=1 or $(v)=0)))
 
+$(if $(filter-out torch ncu,$(TOOL)),$(error TOOL=$(TOOL): make profile takes TOOL=torch (torch.profiler) or TOOL=ncu (Nsight Compute)))
+
 ifeq ($(call truth,USE_SYSTEM),1)
 PY    := PYTHONPATH=$(CURDIR) $(PYTHON)
 SETUP := check-system
@@ -55,13 +58,21 @@ COMPARE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if 
   $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(call truth,QUICK),--quick) \
   $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
-.PHONY: help test test-gpu compare bench overhead summary clean clean-logs check-system
+# make ir: every compiled level of OP's tk kernels, planned and compiled for an H100 on any machine.
+IR_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) $(ARGS)
+
+# make profile: one shape (the first of a quick sweep) unless SHAPES says which; TOOL=torch or ncu.
+PROFILE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES),--quick) \
+  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(filter ncu,$(TOOL)),--ncu,--profile) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
+
+.PHONY: help test test-gpu compare bench overhead summary ir profile clean clean-logs check-system
 
 help:  ## list the targets and settings
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 	@echo
 	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 OUT GPUS=4|all (compare, bench), DEVICE (overhead),"
-	@echo "          RUNS (summary), ARGS (passed on as they are), USE_SYSTEM=1, TORCH_SPEC, TORCH_INDEX, PYTHON"
+	@echo "          TOOL=torch|ncu (profile), RUNS (summary), ARGS (passed on as they are), USE_SYSTEM=1, TORCH_SPEC,"
+	@echo "          TORCH_INDEX, PYTHON"
 
 test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest -q $(ARGS)
@@ -79,6 +90,14 @@ bench: $(SETUP)  ## the full sweep of every op (on a GPU: the default GPU sweep;
 
 overhead: $(SETUP)  ## host time per call of tiny tk ops against eager (OP, DTYPES, DEVICE=cpu|cuda)
 	@$(PY) -m compare.overhead --op $(OP) $(if $(DTYPES),--dtype $(DTYPES)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)
+
+ir: $(SETUP)  ## TTIR, TTGIR, LLIR, PTX, SASS of OP's tk kernels per shape, compiled for an H100 on any machine (OUT/ir/OP)
+	@echo "python -m compare.ir $(strip $(IR_FLAGS))"
+	@$(PY) -m compare.ir $(IR_FLAGS)
+
+profile: $(SETUP)  ## profile OP's variants on one shape: TOOL=torch (Chrome traces, key_averages) or TOOL=ncu (Nsight Compute, GPU)
+	@echo "python -m compare $(strip $(PROFILE_FLAGS))"
+	@$(PY) -m compare $(PROFILE_FLAGS)
 
 summary: $(SETUP)  ## one page over several runs: RUNS="logs/runs/A logs/runs/B" (OUT=file.md to write it)
 	@$(if $(RUNS),,echo "make summary needs RUNS=\"<run folder> ...\" (folders under $(OUT)/runs)"; exit 2;)

@@ -2,23 +2,32 @@
 
 The output code is the ``output_code`` logging artifact, the very text
 ``TORCH_LOGS=output_code`` prints: while a compiled variant builds and runs
-its first call, a handler is attached to the artifact's loggers in-process
-(nothing goes to stderr).
+its first call, a handler is attached to the artifact loggers in-process
+(``compare.stages``; nothing goes to stderr).  The other stages that explain
+it (the traced graph, the post-grad graph, the fusion decisions, recompile
+reasons and graph breaks) are stored beside it.
 
 Warm caches: on an FX-graph-cache hit Inductor logs the cached module's code
 again; when a version does not, the log still says "Output code written to:
 <path>" and the module is read from that file.  So the second run of a sweep
 stores as much as the first, without disabling any cache (which would change
 what the first-call time means).  ``source`` in the index says which way each
-module was obtained.
+module was obtained (stages.py says how the stages are kept across runs).
+
+tk's side: the tk variant's first call is watched (``launches.watching``):
+which kernels ran for that shape, with which grid, constexprs and warps (and
+the autotuner's choice).  Their compiled levels (``compare.ir``) are stored:
+on a GPU those of the launches that ran; on a CPU, with ``--ir``, those of the
+launches the op plans for an H100 (fake tensors), compiled for sm_90.
 
 Layout, under the op's report folder::
 
     kernels/tk/<kernel>.py                          hand-written @triton.jit source
-    kernels/tk/<kernel>/<n>/{ttir,ttgir,ptx,json}   (GPU) each compiled specialization
+    kernels/tk/<kernel>/<hash>/<kernel>.{ttir,ttgir,llir,ptx,sass,json}   one compiled specialization
     kernels/<variant>/<dtype>/<shape>/output_code.py   the whole module (runs standalone)
+    kernels/<variant>/<dtype>/<shape>/<stage file>     graph.py, post_grad_graph.py, fusion.txt, ... (stages.py)
     kernels/<variant>/<dtype>/<shape>/<kernel>.py|.cpp  one file per generated kernel
-    kernels/<variant>/<dtype>/<shape>/<kernel>.{ttir,ttgir,ptx,json}  (GPU)
+    kernels/<variant>/<dtype>/<shape>/<kernel>.{ttir,ttgir,llir,ptx,sass,json}  (GPU)
     kernels/index.json, index.md                    every kernel, its kind, lines, time per call
 """
 
@@ -28,7 +37,6 @@ import contextlib
 import importlib
 import inspect
 import json
-import logging
 import os
 import pkgutil
 import re
@@ -38,80 +46,19 @@ from pathlib import Path
 
 import torch
 
-from . import limits as limits_mod
-from .formats import fmt_time
-from .record import NOISY, marked
+from . import ir as ir_mod, launches as launches_mod, limits as limits_mod, stages as stages_mod
 
-LOG_CODE = "Output code: \n"
-LOG_PATH = "Output code written to: "
-LOWER_LEVELS = ("ttir", "ttgir", "ptx")
+LOWER_LEVELS = ir_mod.LEVELS
 
-
-# --------------------------------------------------------------------------
-# The output_code artifact, in-process.
-# --------------------------------------------------------------------------
+# The artifact handler lives in stages.py; these names stay for the code and tests that used them here.
+_Collector = stages_mod.Collector
+modules_from = stages_mod.modules_from
+output_code_logs = stages_mod.inductor_logs
 
 
-class _Collector(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.codes: list[str] = []
-        self.paths: list[str] = []
-
-    def emit(self, record):
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is not ours to fix
-            return
-        if msg.startswith(LOG_CODE):
-            code = msg[len(LOG_CODE) :]
-            if code not in self.codes:
-                self.codes.append(code)
-        elif msg.startswith(LOG_PATH):
-            path = msg[len(LOG_PATH) :].strip()
-            if path not in self.paths:
-                self.paths.append(path)
-
-
-def _artifact_loggers() -> list[logging.Logger]:
-    import torch._inductor.codecache  # noqa: F401 - defines the artifact loggers
-    import torch._inductor.graph  # noqa: F401
-
-    names = [n for n in list(logging.root.manager.loggerDict) if n.endswith(".__output_code")]
-    return [logging.getLogger(n) for n in names]
-
-
-@contextlib.contextmanager
-def output_code_logs():
-    """Collect the output_code artifact while the block runs; stderr sees nothing of it."""
-    collector = _Collector()
-    loggers = _artifact_loggers()
-    saved = [(lg, lg.level, lg.propagate) for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.DEBUG)
-        lg.propagate = False
-        lg.addHandler(collector)
-    try:
-        yield collector
-    finally:
-        for lg, level, propagate in saved:
-            lg.removeHandler(collector)
-            lg.setLevel(level)
-            lg.propagate = propagate
-
-
-def modules_from(collector: _Collector) -> list[tuple[str, str, str | None]]:
-    """(code, how it was obtained, file path) of every module the block compiled."""
-    out = [(code, "log", None) for code in collector.codes]
-    if out:
-        paths = collector.paths
-        return [(code, how, paths[i] if i < len(paths) else None) for i, (code, how, _) in enumerate(out)]
-    for path in collector.paths:  # the code was not logged: read the module the log names
-        try:
-            out.append((Path(path).read_text(), "cached module file", path))
-        except OSError:
-            pass
-    return out
+def _artifact_loggers():
+    """The loggers of the output_code artifact."""
+    return stages_mod.artifact_loggers(("output_code",))
 
 
 # --------------------------------------------------------------------------
@@ -212,7 +159,8 @@ def describe_compiled(compiled) -> dict:
 
 
 def write_lower_levels(compiled, folder: Path, stem: str) -> list[str]:
-    """``stem.ttir``, ``.ttgir``, ``.ptx`` and ``.json`` of a CompiledKernel; the files written."""
+    """``stem.ttir``, ``.ttgir``, ``.llir``, ``.ptx`` (``.sass`` where its cubin and cuobjdump are at hand) and
+    ``.json`` of a CompiledKernel; the files written."""
     asm = getattr(compiled, "asm", None) or {}
     written = []
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,6 +171,11 @@ def write_lower_levels(compiled, folder: Path, stem: str) -> list[str]:
         if text:
             (folder / f"{stem}.{level}").write_text(text)
             written.append(f"{stem}.{level}")
+    if asm.get("cubin"):
+        sass, _ = ir_mod.sass_of(compiled)
+        if sass:
+            (folder / f"{stem}.{ir_mod.SASS}").write_text(sass)
+            written.append(f"{stem}.{ir_mod.SASS}")
     info = describe_compiled(compiled)
     (folder / f"{stem}.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
     written.append(f"{stem}.json")
@@ -249,6 +202,8 @@ class _FromCacheDir:
 
     def __init__(self, folder: Path, name: str):
         self.asm = {lvl: (folder / f"{name}.{lvl}").read_text() for lvl in LOWER_LEVELS if (folder / f"{name}.{lvl}").exists()}
+        if (folder / f"{name}.cubin").exists():
+            self.asm["cubin"] = (folder / f"{name}.cubin").read_bytes()
         meta = folder / f"{name}.json"
         self.metadata = json.loads(meta.read_text()) if meta.exists() else {}
         self.folder = str(folder)
@@ -348,22 +303,6 @@ def _module_kernels(module) -> list:
     return sorted(found.values(), key=lambda f: f.fn.__code__.co_firstlineno)
 
 
-def jit_compiled(jit) -> list:
-    """The CompiledKernels a JITFunction holds, over every device (Triton 3.x caches)."""
-    out = []
-    caches = getattr(jit, "device_caches", None) or {}
-    for entry in list(caches.values()):
-        kernel_cache = entry[0] if isinstance(entry, tuple) else entry
-        if isinstance(kernel_cache, dict):
-            out += [k for k in kernel_cache.values() if isinstance(getattr(k, "asm", None), dict)]
-    cache = getattr(jit, "cache", None)  # older Triton: {device: {key: CompiledKernel}}
-    if isinstance(cache, dict):
-        for per_device in cache.values():
-            if isinstance(per_device, dict):
-                out += [k for k in per_device.values() if isinstance(getattr(k, "asm", None), dict)]
-    return out
-
-
 # --------------------------------------------------------------------------
 # The capture of one op's sweep.
 # --------------------------------------------------------------------------
@@ -371,6 +310,9 @@ def jit_compiled(jit) -> list:
 
 @dataclass
 class Entry:
+    """What was captured of one variant on one (dtype, shape): Inductor's modules (``side`` "generated"), or the
+    launches of tk's kernels (``side`` "tk")."""
+
     variant: str
     dtype: str
     shape: list
@@ -380,14 +322,22 @@ class Entry:
     kernels: list = field(default_factory=list)  # [{name, kind, language, lines, file, lower}]
     extern: list = field(default_factory=list)
     error: str | None = None
+    side: str = "generated"
+    stages: dict = field(default_factory=dict)  # stage -> {file, lines, source} or {source: why there is none}
+    launches: list = field(default_factory=list)  # tk: what ran (Launch.to_json, with "ir" rows on a GPU)
+    planned: dict | None = None  # tk on a CPU with --ir: the launches planned for an H100, compiled for sm_90
 
 
 class Capture:
-    def __init__(self, op_dir: Path, spec, device: torch.device):
+    """The capture of one op's sweep: Inductor's output code and stages per compiled variant and case, tk's
+    launches per case, and (``ir``) the compiled levels of tk's kernels."""
+
+    def __init__(self, op_dir: Path, spec, device: torch.device, ir: bool | None = None):
         self.op_dir = Path(op_dir)
         self.root = self.op_dir / "kernels"
         self.spec = spec
         self.device = device
+        self.ir = device.type == "cuda" if ir is None else ir  # a GPU compiles nothing new: Triton's cache has it
         self.entries: list[Entry] = []
 
     @contextlib.contextmanager
@@ -434,6 +384,46 @@ class Capture:
                             row["lower"] = write_lower_levels(compiled, folder, safe_name(k.var))
                             row["info"] = describe_compiled(compiled)
                 entry.kernels.append(row)
+        texts, how = stages_mod.stage_texts(collector)
+        for stage, (file, _) in stages_mod.STAGES.items():
+            if stage in texts:
+                (folder / file).write_text(ir_mod.portable(texts[stage]))  # ops/gelu.py, not this checkout's path
+                entry.stages[stage] = {"file": file, "lines": texts[stage].count("\n"), "source": how[stage]}
+            else:
+                entry.stages[stage] = {"source": how[stage]}
+
+    @contextlib.contextmanager
+    def watching_tk(self):
+        """Inside (the tk variant's first call), every launch of tk's kernels is recorded; yields the list."""
+        found: list = []
+        with launches_mod.watching(found):
+            yield found
+
+    def store_tk(self, spec, variant, dtype, shape, found: list, call_again=None) -> None:
+        """tk's launches of one case, and their compiled levels (never fails the comparison).  ``call_again``:
+        a call of the variant, for a GPU whose native lane replayed the first call without the Python body."""
+        entry = Entry(variant.name, limits_mod.dtype_name(dtype), list(shape), spec.describe(shape), "kernels/tk",
+                      side="tk")  # fmt: skip
+        try:
+            if not found and call_again is not None and self.device.type == "cuda":
+                with _python_bodies(), launches_mod.watching(found):
+                    call_again()
+            root = self.root / "tk"
+            if self.device.type == "cuda":
+                target = ir_mod.device_target(self.device)
+                entry.launches = ir_mod.compile_all(found, target, root, self.op_dir) if self.ir else [
+                    launch.to_json() for launch in found]  # fmt: skip
+            else:
+                entry.launches = [launch.to_json() for launch in found]
+                if self.ir:
+                    planned = launches_mod.planned_launches(spec, tuple(shape), dtype, launches_mod.H100)
+                    target = ir_mod.target_of(launches_mod.H100)
+                    entry.planned = {"gpu": launches_mod.H100.name, "target": target.label, "error": planned.error,
+                                     "notes": planned.notes,
+                                     "launches": ir_mod.compile_all(planned.launches, target, root, self.op_dir)}  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - a failed capture never fails the comparison
+            entry.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        self.entries.append(entry)
 
     def finish(self, doc: dict) -> None:
         """Write the hand-written kernels and the index (with profiler times from ``doc``)."""
@@ -441,15 +431,26 @@ class Capture:
         write_index(self.op_dir, self.spec, self.device, handwritten, [asdict(e) for e in self.entries], doc)
 
 
+@contextlib.contextmanager
+def _python_bodies():
+    """Inside, eager CUDA calls of tk ops run their Python bodies (the native lane steps aside)."""
+    try:
+        paused = importlib.import_module("ops.runtime.native").paused
+    except (ImportError, AttributeError):
+        paused = contextlib.nullcontext
+    with paused():
+        yield
+
+
 # --------------------------------------------------------------------------
-# The hand-written side and the index (a sweep split over GPUs writes them from its workers' parts).
+# The hand-written side (a sweep split over GPUs writes it from its workers' parts).
 # --------------------------------------------------------------------------
 
 
 def store_handwritten(op_dir: Path, spec, device: torch.device, tag: str = "", sources: bool = True) -> list[dict]:
     """Write tk's kernel sources (unless ``sources`` is False: a worker of a split sweep, whose parent writes
-    them) and (on a GPU) each compiled specialization this process holds, under ``kernels/tk/<kernel>/<tag><n>/``;
-    their index rows."""
+    them); their index rows.  ``compiled`` is filled by ``write_index`` from the cases' launches (compiled
+    levels are per launch: ``Capture.store_tk``); ``tag`` is kept for callers that name a worker."""
     folder = Path(op_dir) / "kernels" / "tk"
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -461,116 +462,13 @@ def store_handwritten(op_dir: Path, spec, device: torch.device, tag: str = "", s
             source = getattr(jit, "src", "") or ""
         if sources:
             (folder / f"{safe_name(name)}.py").write_text(source)
-        row = {"name": name, "file": f"kernels/tk/{safe_name(name)}.py", "lines": source.count("\n") + 1,
-               "module": jit.fn.__module__, "compiled": []}  # fmt: skip
-        if device.type == "cuda":
-            for i, compiled in enumerate(jit_compiled(jit)):
-                with contextlib.suppress(Exception):
-                    sub = folder / safe_name(name) / f"{tag}{i}"
-                    files = write_lower_levels(compiled, sub, safe_name(name))
-                    row["compiled"].append({"folder": str(sub.relative_to(op_dir)), "files": files,
-                                            "info": describe_compiled(compiled)})  # fmt: skip
-        rows.append(row)
+        rows.append({"name": name, "file": f"kernels/tk/{safe_name(name)}.py", "lines": source.count("\n") + 1,
+                     "module": jit.fn.__module__, "compiled": []})  # fmt: skip
     return rows
 
 
-def write_index(
-    op_dir: Path, spec, device: torch.device, handwritten: list[dict], generated: list[dict], doc: dict
-) -> None:
-    """``kernels/index.json`` and ``index.md``: every kernel, with the profiler's times from ``doc``'s records."""
-    times = {}
-    for r in doc["records"]:
-        for name, us in (r.get("kernel_us") or {}).items():
-            times[(r["variant"], r["dtype"], r["shape_label"], name)] = us
-    index = {"op": spec.name, "device": device.type, "handwritten": handwritten, "generated": generated}
-    for e in index["generated"]:
-        for k in e["kernels"]:
-            k["us_per_call"] = _time_of(times, e, k["name"])
-    root = Path(op_dir) / "kernels"
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "index.json").write_text(json.dumps(index, indent=1, default=str) + "\n")
-    (Path(op_dir) / "index.md").write_text(index_markdown(index, doc))
+def write_index(*args, **kwargs) -> None:
+    """``kernels/index.json`` and ``index.md`` (capture_index.py)."""
+    from .capture_index import write_index as write
 
-
-def _time_of(times: dict, entry: dict, name: str):
-    """The profiler's time of kernel ``name`` (on a CPU, Inductor prefixes it: graph_0_cpp_fused_...)."""
-    key = (entry["variant"], entry["dtype"], entry["shape_label"])
-    for (v, d, s, n), us in times.items():
-        if (v, d, s) == key and (n == name or n.endswith("_" + name)):
-            return us
-    return None
-
-
-def _us(value) -> str:
-    return "" if value is None else f"{value:.2f}"
-
-
-def _median(records: dict, variant: str, dtype: str, label: str) -> str:
-    """The variant's median at that case, as report.md shows it (marked where it is not stable)."""
-    r = records.get((variant, dtype, label))
-    if r is None or r.get("median_ms") is None:
-        return ""
-    return marked(fmt_time(r["median_ms"]), r, NOISY)
-
-
-PROFILER_NOTE = (
-    "**profiler µs**: the kernel's time per call over two calls under `torch.profiler`, which adds a cost of its own"
-    " to every op it records (on a CPU often more than a small op itself): where a kernel sits in its variant, not a"
-    " timing. **median**: the variant's timed median per call, report.md's figure, the one to quote."
-)
-
-
-def index_markdown(index: dict, doc: dict) -> str:
-    from tabulate import tabulate
-
-    op = index["op"]
-    gpu = index["device"] == "cuda"
-    records = {(r["variant"], r["dtype"], r["shape_label"]): r for r in doc["records"]}
-    out = [f"# {op}: the kernels that compete", ""]
-    out.append("profiler µs: device time of the kernel." if gpu else
-               "CPU run: profiler µs is the CPU time of the kernel (or op);"
-               " tk's kernels run in Triton's interpreter there, timed as the whole tk op.")  # fmt: skip
-    out += ["", PROFILER_NOTE]
-    out += ["", "## Hand-written (tk)", ""]
-    tk_recs = [r for r in doc["records"] if r["variant"] == "tk"]
-    rows = []
-    for h in index["handwritten"]:
-        per_shape = [f"{r['dtype']} {r['shape_label']}: {_us(r['kernel_us'][h['name']])} (tk median "
-                     f"{_median(records, 'tk', r['dtype'], r['shape_label'])})"
-                     for r in tk_recs if h["name"] in (r.get("kernel_us") or {})]  # fmt: skip
-        regs = "; ".join(
-            f"{c['info'].get('n_regs', '?')} regs, {c['info'].get('shared', '?')} B shared, {c['info'].get('num_warps', '?')} warps"
-            for c in h["compiled"]
-        )
-        lower = ", ".join(f"[{c['folder']}]({c['folder']})" for c in h["compiled"])
-        rows.append([h["name"], f"[{h['file']}]({h['file']})", h["lines"], "<br>".join(per_shape) or "", regs, lower])
-    headers = ["kernel", "source", "lines", "profiler µs per call", "compiled", "ttir/ttgir/ptx"]
-    out.append(tabulate(rows, headers=headers, tablefmt="github"))
-    if not gpu:
-        ops_times = [f"{r['dtype']} {r['shape_label']}: {n} {_us(us)} profiler µs" for r in tk_recs
-                     for n, us in (r.get("kernel_us") or {}).items()]  # fmt: skip
-        if ops_times:
-            out += ["", "The tk op per call (interpreted, not a performance figure): " + "; ".join(ops_times)]
-    out += ["", "## Generated by Inductor", ""]
-    rows = []
-    for e in index["generated"]:
-        for k in e["kernels"]:
-            info = k.get("info") or {}
-            regs = f"{info['n_regs']} regs, {info.get('shared', '?')} B shared" if "n_regs" in info else ""
-            path = f"{e['folder']}/{k['file']}"
-            rows.append([k["name"], e["variant"], e["dtype"], e["shape_label"], k["kind"], k["lines"],
-                         _us(k.get("us_per_call")), _median(records, e["variant"], e["dtype"], e["shape_label"]),
-                         regs, f"[{k['file']}]({path})",
-                         f"[{e['modules'][0]['file']}]({e['folder']}/{e['modules'][0]['file']})" if e["modules"] else ""])  # fmt: skip
-        for name in e["extern"]:
-            median = _median(records, e["variant"], e["dtype"], e["shape_label"])
-            rows.append([f"extern_kernels.{name}", e["variant"], e["dtype"], e["shape_label"], "extern (library)",
-                         "", "", median, "", "", ""])  # fmt: skip
-        if e["error"]:
-            rows.append([f"(capture: {e['error']})", e["variant"], e["dtype"], e["shape_label"], *[""] * 7])
-    headers = ["kernel", "variant", "dtype", "shape", "kind", "lines", "profiler µs per call", "median (report.md)",
-               "compiled", "source", "module"]  # fmt: skip
-    out.append(tabulate(rows, headers=headers, tablefmt="github"))
-    out += ["", "Each `output_code.py` runs by itself (`python output_code.py` benchmarks the module), as Inductor's own do.", ""]
-    return "\n".join(out)
-
+    write(*args, **kwargs)

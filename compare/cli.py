@@ -9,31 +9,28 @@ from pathlib import Path
 
 import torch
 
-from . import environment, interrupts, layout, limits as limits_mod, runner, session
+from . import environment, interrupts, layout, runner, session
 from .progress import Progress
+from .selection import (  # noqa: F401 - the parsing every command shares; these names stay readable here
+    ALIASES,
+    DTYPES,
+    DTYPES_HELP,
+    SHAPE_SETS,
+    UsageError,
+    _split,
+    default_dtypes,
+    default_shapes,
+    op_names,
+    parse_dtypes,
+    parse_shapes,
+    valid_dtypes,
+)
 from .session import Sweep
 from .variants import KINDS, all_variants, select
-
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "uint8": torch.uint8,  # images (rgb_to_grayscale)
-}
-ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp64": "float64", "double": "float64"}
-DTYPES_HELP = (
-    "comma-separated dtypes (float32, float16, bfloat16, float64, uint8 where the op takes it;"
-    " aliases fp32, fp16, half, bf16, fp64, double)"
-)
 
 # Per variant and round: do_bench's rep (CUDA) or the wall-clock budget (CPU), in ms.
 DEFAULT_REP_MS = {"cuda": 40.0, "cpu": 50.0}
 DEFAULT_ROUNDS = {"cuda": 3, "cpu": 2}
-
-
-class UsageError(Exception):
-    pass
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,83 +60,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rep-ms", type=float, default=None, help="timing per variant and round, ms (default: 40 on CUDA, 50 on CPU)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default: 3 on CUDA, 2 on CPU)")
     p.add_argument("--no-capture", action="store_true", help="do not capture Inductor's output code")
+    p.add_argument("--ir", action=argparse.BooleanOptionalAction, default=None,
+                   help="store the compiled levels (TTIR, TTGIR, LLIR, PTX, SASS) of tk's kernels for each case: on a"
+                        " GPU those that ran (the default there), on a CPU those an H100 would run, compiled for sm_90"
+                        " (about a second a kernel: off by default there)")  # fmt: skip
+    p.add_argument("--profile", action="store_true",
+                   help="a torch.profiler Chrome trace and key_averages table of each variant (profile/ in the report)")
+    p.add_argument("--ncu", action="store_true",
+                   help="Nsight Compute over the sweep's first case, one variant at a time (GPU, ncu on PATH):"
+                        " bandwidth, occupancy, registers, spills per kernel (ncu/ in the report)")  # fmt: skip
     p.add_argument("--no-cudagraph", action="store_true", help="skip the CUDA-graph replay time of small calls")
     p.add_argument("--quiet", action="store_true", help="no progress line, no tables on the terminal")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "k/n": a worker of a split sweep (split.py)
     p.add_argument("--worker-run", default=None, help=argparse.SUPPRESS)  # that sweep's run folder
     return p
-
-
-def _split(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def valid_dtypes(spec) -> list[str]:
-    return [limits_mod.dtype_name(d) for d in DTYPES.values() if d in spec.tolerance]
-
-
-def parse_dtypes(text: str, spec) -> list:
-    out = []
-    for name in _split(text):
-        name = ALIASES.get(name.lower(), name.lower())
-        if name not in DTYPES or DTYPES[name] not in spec.tolerance:
-            valid = ", ".join(valid_dtypes(spec))
-            raise UsageError(f"unknown dtype {name!r} for op {spec.name}; valid dtypes: {valid}")
-        out.append(DTYPES[name])
-    if not out:
-        raise UsageError(f"no dtype given; valid dtypes for {spec.name}: {', '.join(valid_dtypes(spec))}")
-    return out
-
-
-# Named shape sets for --shapes: the op's own sweep, its calls in real models (ops/spec.py), or both (the default).
-SHAPE_SETS = ("all", "sweep", "real")
-
-
-def default_shapes(spec, device, which: str = "all") -> list[tuple]:
-    """The op's shapes for `device`: its own sweep, then on a GPU its real-model shapes (which="all"); or one set."""
-    sweep = list(spec.shapes.get(device.type) or spec.shapes.get("cpu") or [])
-    real = list(spec.shapes.get("real", [])) if device.type == "cuda" else []
-    if which == "real":
-        return real or sweep
-    return sweep if which == "sweep" else list(dict.fromkeys(sweep + real))
-
-
-def parse_shapes(text: str, spec) -> list[tuple]:
-    examples = next(iter(spec.shapes.values()), [])
-    rank = len(examples[0]) if examples else None
-    out = []
-    for item in _split(text):
-        try:
-            shape = tuple(int(d) for d in item.lower().split("x"))
-        except ValueError:
-            raise UsageError(f"bad shape {item!r}: dims are integers joined by 'x', e.g. 4096x1024") from None
-        if rank is not None and len(shape) != rank:
-            ex = "x".join(map(str, examples[0]))
-            raise UsageError(f"shape {item!r} of op {spec.name} needs {rank} dim(s), like {ex}")
-        if any(d <= 0 for d in shape):
-            raise UsageError(f"bad shape {item!r}: dims must be positive")
-        out.append(shape)
-    return out
-
-
-def default_dtypes(spec, device: torch.device) -> list:
-    if device.type == "cuda":
-        return list(spec.dtypes)
-    # One dtype on CPU, so that a fresh machine finishes in about a minute.
-    return [torch.float32] if torch.float32 in spec.tolerance else [spec.dtypes[0]]
-
-
-def op_names(text: str, known: dict, what: str) -> list[str]:
-    """The op names ``--op`` gives: names of ``known``, or 'all' (``known``'s ops); UsageError naming the valid ones."""
-    import ops
-
-    names = sorted(ops.SPECS) if text == "all" else _split(text)
-    if not names:
-        raise UsageError(f"no op given; {what}")
-    for name in names:
-        if name not in known:
-            raise UsageError(f"unknown op {name!r}; {what}")
-    return names
 
 
 def _selected(spec, wanted: list[str] | None, max_autotune: bool, several: bool) -> list:
@@ -241,7 +175,8 @@ def settings_from(args, device: torch.device) -> runner.Settings:
     rounds = args.rounds or DEFAULT_ROUNDS[device.type]
     if args.quick:
         rep_ms, rounds = (args.rep_ms or rep_ms / 2), (args.rounds or 1)
-    return runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph)
+    return runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph,
+                           profile=args.profile, ir=args.ir, ncu=args.ncu)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -263,6 +198,12 @@ def _main(argv: list[str]) -> int:
         p.error(str(e))
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.ncu:
+        from . import ncu
+
+        why = ncu.unavailable(device, len(gpus))
+        if why:
+            p.error(f"--ncu: {why}")
     settings = settings_from(args, device)
     if args.worker is not None:  # one worker of a split sweep: its cases come from the parent
         return split.serve(sweeps, settings, Path(args.worker_run), args.worker, not args.no_capture)

@@ -1,4 +1,5 @@
-"""The report of one op: terminal tables, report.md, results.json, results.csv, throughput.png."""
+"""The report of one op: terminal tables, report.md, results.json, results.csv, throughput.png (report.html: html.py,
+written after these by ``session.Run.write_report``)."""
 
 from __future__ import annotations
 
@@ -129,7 +130,29 @@ def _limit_rows(doc: dict) -> list[list[str]]:
     return rows
 
 
-def markdown(doc: dict, png_name: str | None) -> str:
+def _profile_lines(doc: dict, folder: Path | None) -> list[str]:
+    """report.md's pointers to --profile's traces and --ncu's summary (report.html shows their tables)."""
+    from . import profiling
+
+    out = []
+    profiles = profiling.read_profiles(folder) if folder is not None else []
+    if profiles:
+        out += ["## Profiles (torch.profiler)", "",
+                "Chrome traces open in ui.perfetto.dev or chrome://tracing; report.html shows each key_averages table.", ""]
+        for p in profiles:
+            top = p["rows"][0] if p["rows"] else None
+            lead = f"; top: `{top['name'][:60]}`" if top else ""
+            out.append(f"- {p['variant']} {p['dtype']} {p['shape_label']}: [trace]({p['trace']}),"
+                       f" [key_averages]({p['table']}){lead}")
+        out.append("")
+    result = doc.get("ncu")
+    if result:
+        out += ["## Nsight Compute", "", f"{result['dtype']} {result['shape_label']}: [ncu/summary.md](ncu/summary.md)"
+                f" ({len(result['rows'])} kernels; {len(result['errors'])} variants not profiled)", ""]
+    return out
+
+
+def markdown(doc: dict, png_name: str | None, folder: Path | None = None) -> str:
     s = doc["settings"]
     out = [f"# {doc['op']}: tk against eager and torch.compile", ""]
     if doc.get("call"):
@@ -168,6 +191,7 @@ def markdown(doc: dict, png_name: str | None) -> str:
         out.append("")
     out += [legend(doc), ""]
     out += breakdown.markdown_section(doc)  # many-kernel calls (a model's step): each variant's top kernels
+    out += _profile_lines(doc, folder)
     problems = [r for r in doc["records"] if r["status"] in ("failed", "wrong")]
     if problems:
         out += ["## Failures and wrong results", ""]
@@ -180,7 +204,7 @@ def markdown(doc: dict, png_name: str | None) -> str:
 
 def write_markdown(doc: dict, folder: Path, png_name: str | None) -> Path:
     path = folder / MD_NAME
-    _write_atomic(path, markdown(doc, png_name))
+    _write_atomic(path, markdown(doc, png_name, folder))
     return path
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import environment, kernels, limits as limits_mod, timing
+from . import environment, kernels, limits as limits_mod, profiling, timing
 from .progress import long_step
 from .record import ABOVE_LIMIT, NOISY, NOISY_COMPILE, NOISY_EAGER, NOISY_GRAPH, UNSTABLE_LIMIT, new_record
 from .variants import Variant, VariantSkipped
@@ -49,6 +49,10 @@ class Settings:
     rounds: int
     cudagraph: bool = True
     capture: object | None = None  # compare.capture.Capture, when output code is being captured
+    profile: bool = False  # --profile: a torch.profiler trace of each variant (profiling.py)
+    profile_dir: Path | None = None  # where they go: the op's profile/ folder, set per op
+    ir: bool | None = None  # --ir / --no-ir: tk's compiled levels per case (None: on a GPU only)
+    ncu: bool = False  # --ncu: Nsight Compute over the sweep's first case (ncu.py)
 
 
 @dataclass
@@ -200,17 +204,23 @@ def _autotuned(events) -> list[str]:
 
 def _build_and_first_call(case: Case, spec, dtype, shape, args, settings: Settings, label: str, progress) -> tuple:
     """Build the variant and make its first call: (output, ms); a call that runs long is announced."""
-    v, device = case.variant, settings.device
-    capture = settings.capture if v.compiled else None
+    v, device, capture = case.variant, settings.device, settings.capture
+    tk_launches = None
     with contextlib.ExitStack() as stack:
-        if capture is not None:
+        if capture is not None and v.compiled:
             stack.enter_context(capture.recording(spec, v, dtype, shape))
         case.fn = v.build(device)
         case.stage = "first call"
+        if capture is not None and v.kind == "tk":  # which of tk's kernels run for this shape, and how
+            tk_launches = stack.enter_context(capture.watching_tk())
         details = stack.enter_context(long_step(progress, f"{label} | {v.name}: first call", _why_slow(v)))
         events = stack.enter_context(timing.autotune_events())
-        out, ms = timing.first_call(case.fn, args, device)
+        with profiling.timed_region(f"{v.name} {limits_mod.dtype_name(dtype)} {spec.describe(shape)} first call", device):
+            out, ms = timing.first_call(case.fn, args, device)
         details += _autotuned(events)
+    if tk_launches is not None:
+        fn = case.fn
+        capture.store_tk(spec, v, dtype, shape, tk_launches, call_again=lambda: fn(*args))
     return out, ms
 
 
@@ -236,10 +246,14 @@ def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings,
         rec["kernel_us"] = {k: round(t, 3) for k, t in prof.device_us.items()}
         case.stage = "peak memory"
         rec["peak_bytes"] = timing.peak_bytes(case.fn, args, device)
+        if settings.profile_dir is not None:
+            case.stage = "profile"
+            say(f"{v.name}: profiling", True)
+            profiling.trace_variant(case.fn, args, device, settings.profile_dir, v.name, rec["dtype"], rec["shape_label"])
     except VariantSkipped as e:
         rec["status"], rec["error"], case.fn = "skipped", str(e), None
     except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
-        if case.stage in ("kernel count", "peak memory"):  # the variant itself works: keep it, note what failed
+        if case.stage in ("kernel count", "peak memory", "profile"):  # the variant itself works: keep it, note what failed
             rec["error"] = _error_text(case.stage, e)
         else:
             rec["status"], rec["error"], case.fn = "failed", _error_text(case.stage, e), None
@@ -255,8 +269,10 @@ def _time(cases: list[Case], args, settings: Settings, progress) -> None:
             if case.fn is None:
                 continue
             progress(f"{case.variant.name}: timing, round {r + 1}/{settings.rounds}", True)
+            rec = case.record
             try:
-                case.samples.add(timing.bench(case.fn, args, device, settings.rep_ms))
+                with profiling.timed_region(f"{case.variant.name} {rec['dtype']} {rec['shape_label']}", device):
+                    case.samples.add(timing.bench(case.fn, args, device, settings.rep_ms))
             except Exception as e:  # noqa: BLE001
                 case.record["status"], case.record["error"] = "failed", _error_text("timing", e)
                 case.fn = None

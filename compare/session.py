@@ -5,7 +5,7 @@ A run writes into its own folder (``layout``).  For each op:
 1. the sweep fills a report document (``new_doc``), results.json saved after
    every (dtype, shape) so that a crash keeps what ran;
 2. ``Run.write_report`` writes every page of it (results.json, results.csv,
-   throughput.png, report.md and the capture's index), interrupts waiting
+   throughput.png, report.md, the capture's index and report.html), interrupts waiting
    until the pages are whole (``interrupts.deferred``);
 3. ``Run.publish`` prints its tables and points ``<out>/<op>`` at it, unless
    nothing in it ran (every variant skipped: an earlier good report is not
@@ -87,6 +87,8 @@ def new_doc(
             "quick": bool(quick),
             "capture": capture,
             "workers": workers,
+            "profile": settings.profile,
+            "ir": bool(capture) and (settings.ir if settings.ir is not None else settings.device.type == "cuda"),
         },
         "environment": env,
         "limits": lim,
@@ -147,6 +149,7 @@ class Run:
             self.progress.close()
             try:
                 report.write_all(doc, op_dir)
+                write_html(doc, op_dir)
             except OSError as e:
                 raise ReportNotWritten(doc, op_dir, e) from e
             self.written[doc["op"]] = doc
@@ -227,25 +230,44 @@ class Run:
             return False
 
 
-def capture_for(sweep: Sweep, op_dir: Path, device, wanted: bool):
-    """The capture of the op's compiled variants' output code, or None (off, or nothing compiles)."""
-    if not wanted or not any(v.compiled for v in sweep.variants):
+def write_html(doc: dict, op_dir: Path) -> None:
+    """report.html, last: it reads the other pages' files (the plot, the capture's index, the profiles).
+    A full disk is the report's failure; anything else only costs the page (report.md stands)."""
+    from . import html
+
+    try:
+        html.write(doc, op_dir)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        doc.setdefault("notes", []).append(f"report.html not written: {type(e).__name__}: {e}")
+
+
+def capture_for(sweep: Sweep, op_dir: Path, device, wanted: bool, ir: bool | None = None):
+    """The capture of the op's compiled variants' output code and of tk's launches, or None (off, or neither
+    kind of variant in the sweep).  ``ir``: tk's compiled levels too (None: on a GPU)."""
+    if not wanted or not any(v.compiled or v.kind == "tk" for v in sweep.variants):
         return None
     try:
         from .capture import Capture
     except ImportError:
         return None
-    return Capture(op_dir, sweep.spec, device)
+    return Capture(op_dir, sweep.spec, device, ir=ir)
 
 
 def run_op(sweep: Sweep, run: Run, settings: runner.Settings, env: dict, lim: dict, quick: bool, capture: bool) -> dict:
     """Sweep one op in this process into ``<run>/<op>``; its pages are written whole, even when interrupted."""
     op_dir = run.op_dir(sweep.spec.name)
-    settings.capture = capture_for(sweep, op_dir, settings.device, capture)
+    settings.capture = capture_for(sweep, op_dir, settings.device, capture, settings.ir)
+    settings.profile_dir = op_dir / "profile" if settings.profile else None
     doc = new_doc(sweep, settings, env, lim, quick, settings.capture is not None)
     try:
         runner.sweep(sweep.spec, sweep.variants, sweep.dtypes, sweep.shapes, settings, lim, run.progress,
                      on_records=run.partial_saver(doc))  # fmt: skip
+        if settings.ncu:
+            from . import ncu
+
+            doc["ncu"] = ncu.profile_case(sweep, op_dir, run.progress)
         doc["complete"] = True
     finally:
         run.write_report(doc, settings.capture.finish if settings.capture is not None else None)

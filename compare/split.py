@@ -98,8 +98,9 @@ def serve(sweeps: list[session.Sweep], settings: runner.Settings, run_dir: Path,
                 sweep = sweeps_by_op[msg["op"]]
                 op_dir = run_dir / msg["op"]
                 if msg["op"] not in captures:
-                    captures[msg["op"]] = session.capture_for(sweep, op_dir, settings.device, capture)
+                    captures[msg["op"]] = session.capture_for(sweep, op_dir, settings.device, capture, settings.ir)
                 settings.capture = captures[msg["op"]]
+                settings.profile_dir = op_dir / "profile" if settings.profile else None
                 before = len(settings.capture.entries) if settings.capture is not None else 0
                 records = runner.sweep_case(sweep.spec, sweep.variants, _dtype(msg["dtype"]), tuple(msg["shape"]),
                                             settings, limits, progress)  # fmt: skip

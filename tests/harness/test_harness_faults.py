@@ -508,7 +508,7 @@ def test_an_interrupt_while_the_pages_are_written_waits_for_them(logs, spec, mon
     (new_run,) = logs.new_runs()
     doc = json.loads((new_run / OP / "results.json").read_text())
     assert doc["complete"] is True and len(doc["records"]) == 4
-    for name in ("results.csv", "throughput.png", "report.md"):
+    for name in ("results.csv", "throughput.png", "report.md", "report.html"):
         assert (new_run / OP / name).is_file(), name
     assert "Incomplete" not in (new_run / OP / "report.md").read_text()
     err = capsys.readouterr().err

@@ -138,7 +138,7 @@ def test_an_interrupted_split_sweep_keeps_whole_pages_of_what_came_back(tmp_path
     (run_dir,) = (tmp_path / "logs" / "runs").iterdir()
     doc = report(run_dir, "dying")
     assert doc["complete"] is False and sorted(r["shape"][0] for r in doc["records"]) == [64, 64, 128, 128]
-    assert files(run_dir / "dying") == {"results.json", "results.csv", "throughput.png", "report.md"}
+    assert files(run_dir / "dying") == {"results.json", "results.csv", "throughput.png", "report.md", "report.html"}
     assert "Incomplete" in (run_dir / "dying" / "report.md").read_text()
     assert f"interrupted: partial report in {run_dir}" in capsys.readouterr().err
     assert not (tmp_path / "logs" / "dying").exists() and not (tmp_path / "logs" / "latest").exists()

@@ -1,0 +1,123 @@
+"""IR on a CPU machine: the launches an op's body plans for an H100 (fake tensors), compiled for sm_90 by Triton,
+every level written (compare/launches.py, compare/ir.py; make ir)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import ops
+from compare import ir, launches
+from ops.blocks.elementwise import elementwise_config
+
+try:
+    from triton.backends.compiler import GPUTarget  # noqa: F401 - compiling for a GPU needs it
+except ImportError:  # pragma: no cover
+    pytest.skip("this Triton cannot compile for a GPU target", allow_module_level=True)
+
+
+def test_planned_launches_follow_the_op_s_rule_for_an_h100():
+    """gelu over 2**20 bfloat16 elements: the elementwise rule's block and warps for a GPU, its grid."""
+    n = 1 << 20
+    planned = launches.planned_launches(ops.SPECS["gelu"], (n,), torch.bfloat16)
+    (launch,) = planned.launches
+    block, warps = elementwise_config(n, torch.device("cuda"))
+    assert planned.error is None and launch.kernel == "gelu_forward_kernel" and launch.module == "ops.gelu"
+    assert launch.constexprs == {"APPROXIMATE_TANH": False, "BLOCK_SIZE": block} and launch.options == {"num_warps": warps}
+    assert launch.grid == [n // block]
+    assert launch.args["x_ptr"] == {"tensor": "bfloat16", "shape": [n], "strides": [1], "aligned16": True}
+
+
+def test_the_fake_gpu_leaves_torch_as_it_was():
+    before = (torch.cuda.get_device_properties, torch.cuda.get_device_capability, torch.cuda.current_device,
+              hasattr(torch._C, "_cuda_getDevice"))  # fmt: skip
+    with launches.fake_gpu():
+        assert torch.cuda.get_device_properties(0).multi_processor_count == 132
+    after = (torch.cuda.get_device_properties, torch.cuda.get_device_capability, torch.cuda.current_device,
+             hasattr(torch._C, "_cuda_getDevice"))  # fmt: skip
+    assert before == after
+
+
+def test_every_op_plans_on_the_fake_gpu():
+    """Each op's body runs on fake CUDA tensors of an H100 and launches at least one kernel (a training step on
+    a CPU build of torch stops at its backward: its forward's launches are what is found)."""
+    for name, spec in sorted(ops.SPECS.items()):
+        shape = (spec.shapes.get("cuda") or spec.shapes["cpu"])[0]
+        planned = launches.planned_launches(spec, shape, spec.dtypes[0])
+        assert planned.launches, (name, planned.error)
+        assert planned.error is None or planned.notes, (name, planned.error)
+
+
+def test_watching_records_the_launches_and_still_makes_them():
+    x = torch.randn(3000)
+    found = []
+    with launches.watching(found):
+        y = torch.ops.tk.gelu(x)
+    torch.testing.assert_close(y, torch.nn.functional.gelu(x), rtol=1e-5, atol=1e-6)
+    (launch,) = found
+    assert launch.kernel == "gelu_forward_kernel" and launch.grid == [1]  # the CPU's plan: one program
+    assert launch.options == {"num_warps": 1} and launch.to_json()["args"]["n_elements"] == 3000
+
+
+@pytest.fixture(scope="module")
+def gelu_ir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ir")
+    assert ir.main(["--op", "gelu", "--shapes", "4096,1048576", "--out", str(out)]) == 0
+    return out / "ir" / "gelu"
+
+
+def test_make_ir_writes_every_level(gelu_ir):
+    index = json.loads((gelu_ir / "index.json").read_text())
+    assert index["target"] == "sm_90" and [c["shape_label"] for c in index["cases"]] == ["n=2^12", "n=2^20"]
+    folders = set()
+    for case in index["cases"]:
+        (launch,) = case["launches"]
+        (row,) = launch["ir"]
+        folders.add(row["folder"])
+        kinds = {f.rsplit(".", 1)[1] for f in row["files"]}
+        assert {"ttir", "ttgir", "llir", "ptx", "json"} <= kinds
+        if shutil.which(str(triton.knobs.nvidia.cuobjdump.path)) or (gelu_ir / row["folder"] / "gelu_forward_kernel.sass").exists():
+            assert "sass" in kinds
+        text = {k: (gelu_ir / row["folder"] / f"gelu_forward_kernel.{k}").read_text() for k in ("ttir", "ttgir", "llir", "ptx")}
+        assert "tt.func public @gelu_forward_kernel" in text["ttir"]
+        assert f'"ttg.num-warps" = {launch["options"]["num_warps"]}' in text["ttgir"]
+        assert "define ptx_kernel void @gelu_forward_kernel" in text["llir"] or "@gelu_forward_kernel(" in text["llir"]
+        assert ".target sm_90" in text["ptx"]
+        about = json.loads((gelu_ir / row["folder"] / "gelu_forward_kernel.json").read_text())
+        assert about["specialization"]["constexprs"] == launch["constexprs"]
+        assert about["specialization"]["arguments"]["x_ptr"] == "*bfloat16 (16-byte aligned)"
+        assert about["compiled"]["num_warps"] == launch["options"]["num_warps"]
+    assert len(folders) == 2  # two block sizes: two specializations
+    md = (gelu_ir / "index.md").read_text()
+    assert "sm_90" in md and "[ptx](" in md and "[llir](" in md
+
+
+def test_the_levels_name_no_machine_s_folders(gelu_ir):
+    """Source locations in the IR are relative to the checkout (and to site-packages): the same on any machine."""
+    for path in gelu_ir.rglob("*.ttir"):
+        text = path.read_text()
+        assert '"ops/gelu.py"' in text and str(ir._REPO) not in text
+
+
+# An autotuned kernel: compiled once per config it may choose, or for the one it chose.
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"])
+@triton.jit
+def _tuned_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+
+def test_an_autotuned_kernel_compiles_per_config(tmp_path):
+    x = torch.randn(100)
+    launch = launches.record(_tuned_kernel, lambda meta: (triton.cdiv(100, meta["BLOCK"]),), (x, torch.empty_like(x), 100), {})
+    found = [launch]
+    assert launch.wrappers == ["autotune"] and launch.grid == "callable"
+    assert [c["BLOCK"] for c in launch.configs] == [32, 64]
+    (row,) = ir.compile_all(found, ir.Target(), tmp_path, tmp_path, sass=False)
+    assert [r["config"]["BLOCK"] for r in row["ir"]] == [32, 64] and not row.get("errors")
+    assert [r["info"]["num_warps"] for r in row["ir"]] == [1, 2]
+    launch.chosen_config = {"BLOCK": 64, "num_warps": 2}  # what the autotuner chose, where it ran
+    assert ir.launch_configs(launch) == [launch.chosen_config]
