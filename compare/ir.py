@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -182,7 +183,13 @@ _SITE = sysconfig.get_paths()["purelib"] + os.sep
 def portable(text: str) -> str:
     """A level's text with this checkout's and the installed packages' folders left out of its source
     locations (``ops/gelu.py``, ``site-packages/triton/...``): the same on every machine."""
-    return text.replace(_REPO, "").replace(_SITE, "site-packages/")
+    text = text.replace(_REPO, "").replace(_SITE, "site-packages/")
+    # Triton's cache keys a kernel by its source, not its file: a level compiled in another checkout
+    # of the same code comes back with that checkout's folder.
+    return _OTHER_CHECKOUT.sub("", text)
+
+
+_OTHER_CHECKOUT = re.compile(r'(?<=")/[^"\n]*?/(?=(?:ops|compare|examples|tests)/[^"\n]*\.py")')
 
 
 def _write(path: Path, text: str) -> None:

@@ -121,3 +121,10 @@ def test_an_autotuned_kernel_compiles_per_config(tmp_path):
     assert [r["info"]["num_warps"] for r in row["ir"]] == [1, 2]
     launch.chosen_config = {"BLOCK": 64, "num_warps": 2}  # what the autotuner chose, where it ran
     assert ir.launch_configs(launch) == [launch.chosen_config]
+
+
+def test_a_level_cached_from_another_checkout_names_no_folder():
+    """Triton's cache keys a kernel by its source: the levels of the same kernel compiled in another
+    checkout come back with that checkout's folder, which portable() leaves out too."""
+    text = '#loc = loc("/home/someone/tk-copy/ops/gelu.py":85:1)\n#loc1 = loc("/opt/x/lib/other/thing.py":3:1)'
+    assert ir.portable(text) == '#loc = loc("ops/gelu.py":85:1)\n#loc1 = loc("/opt/x/lib/other/thing.py":3:1)'
