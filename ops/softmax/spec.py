@@ -17,6 +17,13 @@ def _liger_softmax():
     return lambda x: LigerSoftmaxFunction.apply(x)
 
 
+def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
+    """The softmax a first lesson writes: max, subtract and exp, sum, divide, each its own pass over
+    the rows (eager runs four kernels, reading and writing the rows each time; compile fuses them)."""
+    e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
 def _real_shapes() -> list[tuple]:
     """Vocabulary rows (a language model's logits, tokens x vocabulary) and attention rows
     (batch x heads x sequence rows of sequence scores) of real models (ops/spec.py)."""
@@ -42,6 +49,7 @@ register_spec(
             "cpu": [(64, 1000), (4, 70_001)],
             "real": REAL_SHAPES,
         },
+        unfused={"eager-unfused": softmax_unfused},
         peers={"liger": _liger_softmax},
     )
 )

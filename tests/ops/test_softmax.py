@@ -871,3 +871,17 @@ def test_softmax_backward_of_16bit_rows_is_as_accurate_as_pytorchs_row_by_row(de
     ours = row_errors(torch.ops.tk.softmax_backward(dy, y, -1))
     pytorchs = row_errors(torch.ops.aten._softmax_backward_data(dy, y, -1, torch.bfloat16))
     assert (ours <= 1.5 * pytorchs + 1e-4).all(), f"worst row: {(ours / pytorchs).max():.1f}x PyTorch's error"
+
+
+@pytest.mark.parametrize("name, variants", [("softmax", ["eager-unfused"]), ("square", ["eager-mul", "eager-pow"])])
+def test_the_lesson_variants_compute_the_op(name, variants):
+    """The harness's hand-written compositions (the lesson's unfused softmax, square as a * a and
+    a ** 2) are the op: against float64 on an odd shape, as the harness checks every variant."""
+    from ops.spec import SPECS
+
+    spec = SPECS[name]
+    (x,) = spec.make_inputs(spec.shapes["cpu"][0], torch.float32, "cpu")
+    want = spec.reference(x.double())
+    assert sorted(spec.unfused) == sorted(variants)
+    for variant in variants:
+        assert rel_error(spec.unfused[variant](x), want) <= TOLERANCE[torch.float32], variant
