@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+if not torch.distributed.is_available():  # a torch built without it: no DTensor, no rules
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
 from ranks import Ranks
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
