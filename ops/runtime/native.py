@@ -34,6 +34,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -67,7 +68,12 @@ def module():
         os.environ["PATH"] = os.pathsep.join([_BIN, path])
         # One build per torch: the extension links against its C++ ABI.
         tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
-        _module = cpp_extension.load(name=f"tk_native_{tag}", sources=[str(_SOURCE)], extra_cflags=["-O2"])
+        name = f"tk_native_{tag}"
+        build = _build_directory(name)
+        clear_stale_lock(build)
+        _module = cpp_extension.load(
+            name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], build_directory=str(build)
+        )
     except Exception as error:  # no compiler, no ninja, headers missing: the Python path still works
         warnings.warn(f"tk: the native lane could not be built, eager calls stay in Python ({error})", stacklevel=2)
     finally:
@@ -76,6 +82,38 @@ def module():
 
 
 _BIN = os.path.dirname(sys.executable)
+
+# A build takes about a minute; a lock older than this was left by a build that was killed.
+STALE_LOCK_SECONDS = 15 * 60
+
+
+def _build_directory(name: str) -> Path:
+    """Where cpp_extension would build ``name`` by itself (TORCH_EXTENSIONS_DIR or the user cache, one
+    folder per Python and CUDA version, as the extension's ABI depends on both)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    cuda = "cu" + torch.version.cuda.replace(".", "") if torch.version.cuda else "cpu"
+    build = Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{cuda}" / name
+    build.mkdir(parents=True, exist_ok=True)
+    return build
+
+
+def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove ``build/lock`` when it is older than any build takes; True if one was removed.
+
+    cpp_extension takes the lock for the length of a build and waits, without a
+    time limit, for a lock it finds.  A build that was killed (a timeout, a
+    machine that stopped) leaves the lock behind, and every later import of tk
+    on that machine would wait forever."""
+    lock = build / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    warnings.warn(f"tk: removing {lock}, left {age / 60:.0f} min ago by a build of the native lane that did not finish")
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def build_tools_present() -> bool:

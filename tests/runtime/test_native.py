@@ -530,6 +530,45 @@ def test_a_failed_build_warns_and_leaves_the_python_path(monkeypatch):
     assert os.environ.get("PATH") == path  # the build's PATH change is undone
 
 
+def test_a_lock_left_by_a_killed_build_is_removed_before_building(monkeypatch, tmp_path):
+    """cpp_extension waits forever on a lock it finds; a killed build leaves one behind."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    lock = _native._build_directory(f"tk_native_{tag}") / "lock"
+    assert lock.is_relative_to(tmp_path)
+    lock.touch()
+    old = lock.stat().st_mtime - _native.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    seen = {}
+
+    def load(**kwargs):
+        seen.update(kwargs, lock_present=lock.exists())
+        return "built"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(_native, "_module", None)
+    monkeypatch.setattr(_native, "_tried", False)
+    with pytest.warns(UserWarning, match="removing .*lock.*did not finish"):
+        assert _native.module() == "built"
+    assert seen["lock_present"] is False
+    assert seen["build_directory"] == str(lock.parent)
+
+
+def test_a_lock_of_a_build_in_progress_is_kept(tmp_path):
+    lock = tmp_path / "lock"
+    assert _native.clear_stale_lock(tmp_path) is False  # no lock at all
+    lock.touch()
+    assert _native.clear_stale_lock(tmp_path) is False
+    assert lock.exists()
+    old = lock.stat().st_mtime - _native.STALE_LOCK_SECONDS - 1
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="did not finish"):
+        assert _native.clear_stale_lock(tmp_path) is True
+    assert not lock.exists()
+
+
 def test_the_lane_stays_off_without_cuda_or_when_turned_off(monkeypatch):
     monkeypatch.setenv("TK_NATIVE", "0")
     assert not _native.enabled_for_cuda()
