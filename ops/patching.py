@@ -261,7 +261,8 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """HuggingFace's causal-LM loss of ``lm_head(hidden)`` against `labels`, by tk.linear_cross_entropy."""
     if shift_labels is None:
-        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
+    shift_labels = _placed_as(shift_labels, hidden)
     x = hidden.reshape(-1, hidden.shape[-1])
     target = shift_labels.reshape(-1).to(x.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
@@ -271,6 +272,23 @@ def causal_lm_loss(
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+def _placed_as(labels: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """Under tensor parallelism (`hidden` a DTensor), the labels, whole on every rank, as a DTensor
+    placed as the hidden states' (batch, seq) dims are: a DTensor op takes no plain tensor beside
+    DTensors, and rows flattened alike stay sharded alike (docs/distributed.md).  Taking each rank's
+    share communicates nothing."""
+    if not torch.distributed.is_available():
+        return labels
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(hidden, DTensor) or isinstance(labels, DTensor):
+        return labels
+    mesh = hidden.device_mesh
+    placements = [p if p.is_shard() and p.dim < labels.dim() else Replicate() for p in hidden.placements]
+    labels = DTensor.from_local(labels.to(hidden.device), mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return labels.redistribute(mesh, placements)
 
 
 # --------------------------------------------------------------------------

@@ -90,6 +90,12 @@ class Formula:
     def backward(self, ctx, grad):
         saved = ctx.saved_tensors
         kept = {**dict(zip(self.tensors, saved)), **ctx.values}
+        # One entry per argument the call gave: the dispatcher drops trailing ones left at their
+        # defaults (a traced call's, through torch.library's autograd), which need no gradient.
+        needs = ctx.needs_input_grad
+
+        def need(i: int) -> bool:
+            return i < len(needs) and needs[i]
 
         def argument(kind, i):
             if kind == _INCOMING:
@@ -98,13 +104,12 @@ class Formula:
                 return saved[-1]
             if kind == _DTYPE:
                 return ctx.dtypes[i]
-            return ctx.needs_input_grad[i] if kind == _NEEDS else kept[i]
+            return need(i) if kind == _NEEDS else kept[i]
 
         results = () if self.backward_op is None else self.backward_op(*(argument(k, i) for k, i in self.tokens))
         results = results if isinstance(results, (tuple, list)) else (results,)
         return tuple(
-            None if g is None or not ctx.needs_input_grad[i] else grad if g == GRAD else results[g]
-            for i, g in enumerate(self.gradients)
+            None if g is None or not need(i) else grad if g == GRAD else results[g] for i, g in enumerate(self.gradients)
         )
 
     def native_description(self) -> tuple:

@@ -430,7 +430,6 @@ def test_the_sharding_cache_keys_on_the_arguments(ranks):
     assert both == [Shard(0), Partial("sum")] and b_only == [Replicate(), Partial("sum")]
 
 
-@pytest.mark.xfail(strict=True, reason="ops/runtime/formula.py indexes ctx.needs_input_grad past the arguments given")
 def test_a_traced_call_with_trailing_defaults_gets_its_gradient():
     """A call through torch.library's own autograd (a DTensor's, a dispatch mode's) that leaves its last
     arguments at their defaults: the dispatcher drops them, and needs_input_grad is that much shorter."""

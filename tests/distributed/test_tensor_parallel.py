@@ -43,9 +43,11 @@ def _sequence_sharded_norms(model) -> list:
     return seen
 
 
-def check_tensor_parallel(rank, summed: bool) -> dict:
+def check_tensor_parallel(rank, summed: bool, labels_only: bool = False) -> dict:
     """TP=2 with sequence-parallel norms against one process: losses, gradients, what the norms returned
-    and the loss's placements."""
+    and the loss's placements.  `labels_only`: the batches carry labels alone, as a training loop passes
+    them, and the patched loss places its shifted targets as the hidden states are; otherwise they carry
+    shift_labels already sharded."""
     from torch.distributed.tensor import Shard
 
     model = patched_llama()
@@ -53,7 +55,11 @@ def check_tensor_parallel(rank, summed: bool) -> dict:
     one = train(patched_llama(), data)
     parallel = tensor_parallel(model, rank.mesh)
     seen = _sequence_sharded_norms(parallel)
-    many = train(parallel, sequence_sharded_targets(data, rank.mesh))
+    if labels_only:
+        parallel_data = [{k: v for k, v in b.items() if k != "shift_labels"} for b in data]
+    else:
+        parallel_data = sequence_sharded_targets(data, rank.mesh)
+    many = train(parallel, parallel_data)
     _compare(one, many, rtol=1e-5, atol=1e-5)
     assert seen and all(s == ("DTensor", (Shard(1),)) for s in seen), seen
     return {"losses": many["losses"], "norms": len(seen), "loss": many["placements"]}
@@ -72,11 +78,12 @@ def check_fully_sharded(rank) -> dict:
     return {"one": one, "many": many}
 
 
+@pytest.mark.parametrize("labels_only", [False, True], ids=["shift_labels", "labels"])
 @pytest.mark.parametrize("summed", [False, True], ids=["mean", "sum"])
-def test_tensor_parallel_training_matches_one_process(ranks, summed):
+def test_tensor_parallel_training_matches_one_process(ranks, summed, labels_only):
     from torch.distributed.tensor import Partial, Replicate
 
-    results = ranks.run(check_tensor_parallel, summed)
+    results = ranks.run(check_tensor_parallel, summed, labels_only)
     assert results[0] == results[1]
     assert results[0]["norms"] == 5 * STEPS  # two norms a layer and the final one, each step
     # A mean over the rows gathers them (its denominator counts every rank's); a sum keeps the sequence
