@@ -69,7 +69,7 @@ def module():
         # One build per torch: the extension links against its C++ ABI.
         tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
         name = f"tk_native_{tag}"
-        build = _build_directory(name)
+        build = build_directory(name)
         clear_stale_lock(build)
         _module = cpp_extension.load(
             name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], build_directory=str(build)
@@ -87,7 +87,7 @@ _BIN = os.path.dirname(sys.executable)
 STALE_LOCK_SECONDS = 15 * 60
 
 
-def _build_directory(name: str) -> Path:
+def build_directory(name: str) -> Path:
     """Where cpp_extension would build ``name`` by itself (TORCH_EXTENSIONS_DIR or the user cache, one
     folder per Python and CUDA version, as the extension's ABI depends on both)."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"

@@ -536,7 +536,7 @@ def test_a_lock_left_by_a_killed_build_is_removed_before_building(monkeypatch, t
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
-    lock = _native._build_directory(f"tk_native_{tag}") / "lock"
+    lock = _native.build_directory(f"tk_native_{tag}") / "lock"
     assert lock.is_relative_to(tmp_path)
     lock.touch()
     old = lock.stat().st_mtime - _native.STALE_LOCK_SECONDS - 60
