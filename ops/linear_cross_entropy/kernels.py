@@ -25,6 +25,60 @@ def _load_logits(ptrs, cols, sweep_end, n_cols, kept):
 
 
 @triton.jit
+def _row_statistics(row_ptrs, row_stride, n_cols, kept, ignored, SMOOTHING: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Pass 1 over a tile's rows: (run_max, log_sum, anchor, run_mean): each row's max, the log of
+    its sum of exp(x - max), and with SMOOTHING its mean logit as anchor + run_mean (else zeros).
+    Rows not `kept` are not read: their max is -inf and their log_sum 0."""
+    # The first chunk starts the running max and sum, so they take the compute dtype (float32, or
+    # float64) from the data; the next chunk's load is issued before this one's math.
+    cols = tl.arange(0, BLOCK_SIZE)[None, :]
+    x = _load_logits(row_ptrs + cols, cols, row_stride, n_cols, kept)
+    x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
+    run_max = tl.max(x, axis=1)
+    run_sum = tl.sum(exp(x - finite_or_zero(run_max)[:, None]), axis=1)
+    anchor = tl.zeros_like(run_max)
+    run_mean = tl.zeros_like(run_max)
+    if SMOOTHING:
+        # mean(x) - anchor as a running sum of (x - anchor) / n (see ops/cross_entropy/kernels.py:
+        # a plain sum of x cancels, and one huge logit would overflow a sum of x - anchor).
+        inside = (cols < n_cols) & kept
+        finite = inside & (x == x) & (tl.abs(x) < float("inf"))  # noqa: PLR0124 (x == x: not NaN)
+        anchor = tl.sum(tl.where(finite, x, 0.0), axis=1) / tl.maximum(tl.sum(finite.to(x.dtype), axis=1), 1.0)
+        run_mean = tl.sum(tl.where(inside, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+    last = tl.max(tl.where(ignored, 0, row_stride))  # 0 when every row is ignored: no chunk loop at all
+    for start in range(BLOCK_SIZE, last, BLOCK_SIZE):
+        x = x_next
+        cols = start + tl.arange(0, BLOCK_SIZE)[None, :]
+        x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
+        new_max = tl.maximum(run_max, tl.max(x, axis=1))
+        shift = finite_or_zero(new_max)
+        run_sum = run_sum * exp(run_max - shift) + tl.sum(exp(x - shift[:, None]), axis=1)
+        run_max = new_max
+        if SMOOTHING:
+            run_mean += tl.sum(tl.where((cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
+    log_sum = tl.log(tl.where(ignored, 1.0, run_sum))  # an ignored row summed nothing: log(1), unused
+    return run_max, log_sum, anchor, run_mean
+
+
+@triton.jit
+def _write_gradient(
+    row_ptrs, row_stride, n_cols, exists, kept, lse, scale, target, smooth, target_weight, BLOCK_SIZE: tl.constexpr
+):
+    """Pass 2: each logit's gradient written over it, per row (lse, scale and target are per row)
+        dx_c = (exp(x_c - lse) - smooth - target_weight [c == target]) * scale
+    A target outside [0, n_cols) matches no column; the padding (n_cols to row_stride) is written 0."""
+    lse, scale, target = lse[:, None], scale[:, None], target[:, None]
+    for start in range(0, row_stride, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)[None, :]
+        x = _load_logits(row_ptrs + cols, cols, row_stride, n_cols, kept)
+        probs = exp(x - lse)  # the softmax (0 in a row not kept and in the padding)
+        grad = (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
+        grad = tl.where(cols < n_cols, grad, 0.0)  # the padding becomes 0
+        ptrs = row_ptrs + cols
+        tl.store(ptrs, grad.to(ptrs.dtype.element_ty), mask=(cols < row_stride) & exists[:, None])
+
+
+@triton.jit
 def linear_cross_entropy_kernel(
     logits_ptr, target_ptr, loss_ptr, scale_ptr, kept_count_ptr,
     n_rows, n_cols, row_stride, scale_stride, ignore_index, label_smoothing,
@@ -59,32 +113,9 @@ def linear_cross_entropy_kernel(
     row_ptrs = logits_ptr + rows[:, None] * row_stride
     x_target = tl.load(logits_ptr + rows * row_stride + target, mask=in_range & ~ignored, other=0.0)
 
-    # Pass 1.  The first chunk starts the running max and sum, so they take the compute dtype
-    # (float32, or float64) from the data; the next chunk's load is issued before this one's math.
-    cols = tl.arange(0, BLOCK_SIZE)[None, :]
-    x = _load_logits(row_ptrs + cols, cols, row_stride, n_cols, kept)
-    x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
-    run_max = tl.max(x, axis=1)
-    run_sum = tl.sum(exp(x - finite_or_zero(run_max)[:, None]), axis=1)
-    if SMOOTHING:
-        # mean(x) - anchor as a running sum of (x - anchor) / n (see ops/cross_entropy/kernels.py:
-        # a plain sum of x cancels, and one huge logit would overflow a sum of x - anchor).
-        inside = (cols < n_cols) & kept
-        finite = inside & (x == x) & (tl.abs(x) < float("inf"))  # noqa: PLR0124 (x == x: not NaN)
-        anchor = tl.sum(tl.where(finite, x, 0.0), axis=1) / tl.maximum(tl.sum(finite.to(x.dtype), axis=1), 1.0)
-        run_mean = tl.sum(tl.where(inside, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
-    last = tl.max(tl.where(ignored, 0, row_stride))  # 0 when every row is ignored: no chunk loop at all
-    for start in range(BLOCK_SIZE, last, BLOCK_SIZE):
-        x = x_next
-        cols = start + tl.arange(0, BLOCK_SIZE)[None, :]
-        x_next = _load_logits(row_ptrs + BLOCK_SIZE + cols, BLOCK_SIZE + cols, row_stride, n_cols, kept)
-        new_max = tl.maximum(run_max, tl.max(x, axis=1))
-        shift = finite_or_zero(new_max)
-        run_sum = run_sum * exp(run_max - shift) + tl.sum(exp(x - shift[:, None]), axis=1)
-        run_max = new_max
-        if SMOOTHING:
-            run_mean += tl.sum(tl.where((cols < n_cols) & kept, (x - anchor[:, None]) / n_cols, 0.0), axis=1)
-    log_sum = tl.log(tl.where(ignored, 1.0, run_sum))  # an ignored row summed nothing: log(1), unused
+    run_max, log_sum, anchor, run_mean = _row_statistics(
+        row_ptrs, row_stride, n_cols, kept, ignored, SMOOTHING, BLOCK_SIZE
+    )
     smoothing = tl.cast(label_smoothing, log_sum.dtype)
 
     if LOSS:
@@ -108,11 +139,65 @@ def linear_cross_entropy_kernel(
         scale = tl.where(ignored, 0.0, scale)  # ignored: exactly 0, whatever the incoming gradient
         smooth = smoothing / n_cols
         target_weight = 1.0 - smoothing
-        lse, scale, target = lse[:, None], scale[:, None], target[:, None]
-        for start in range(0, row_stride, BLOCK_SIZE):
-            cols = start + tl.arange(0, BLOCK_SIZE)[None, :]
-            x = _load_logits(row_ptrs + cols, cols, row_stride, n_cols, kept)
-            probs = exp(x - lse)  # the softmax, from the lse of pass 1 (0 in an ignored row and the padding)
-            grad = (probs - smooth - tl.where(cols == target, target_weight, 0.0)) * scale
-            grad = tl.where(cols < n_cols, grad, 0.0)  # the padding becomes 0
-            tl.store(row_ptrs + cols, grad.to(logits_ptr.dtype.element_ty), mask=(cols < row_stride) & exists[:, None])
+        _write_gradient(row_ptrs, row_stride, n_cols, exists, kept, lse, scale, target, smooth, target_weight, BLOCK_SIZE)
+
+
+# --------------------------------------------------------------------------
+# One vocabulary shard's part of a vocabulary-parallel loss (ops/linear_cross_entropy/shard.py):
+# the shard holds classes vocab_start .. vocab_start + n_cols of `vocab`, and a row's target may
+# fall in another shard.
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def vocab_shard_statistics_kernel(
+    logits_ptr, target_ptr, stats_ptr,
+    n_rows, n_cols, row_stride, stats_stride, vocab_start, ignore_index,
+    SMOOTHING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROW_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """Per row of one chunk, the shard's part of its loss, in four rows of stats (`stats_stride` apart):
+    the max of the shard's logits, the log of its sum of exp(x - max), the target's logit where the
+    target is one of the shard's classes (else 0) and, with SMOOTHING, the shard's mean logit (else
+    0).  The shards' parts combine exactly (shard.py).  An ignored row is not read: -inf, 0, 0, 0."""
+    row_stride = known_multiple(row_stride, ROW_MULTIPLE)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * row_stride may pass 2**31
+    exists = rows < n_rows
+    target = tl.load(target_ptr + rows, mask=exists, other=ignore_index)  # a row past the last is ignored
+    ignored = target == ignore_index
+    local = target - vocab_start  # the target's column in this shard, if it is one of the shard's
+    here = (local >= 0) & (local < n_cols) & ~ignored
+    row_ptrs = logits_ptr + rows[:, None] * row_stride
+    x_target = tl.load(logits_ptr + rows * row_stride + local, mask=here & exists, other=0.0)
+    run_max, log_sum, anchor, run_mean = _row_statistics(
+        row_ptrs, row_stride, n_cols, (~ignored)[:, None], ignored, SMOOTHING, BLOCK_SIZE
+    )
+    tl.store(stats_ptr + rows, run_max, mask=exists)
+    tl.store(stats_ptr + stats_stride + rows, log_sum, mask=exists)
+    tl.store(stats_ptr + 2 * stats_stride + rows, x_target.to(log_sum.dtype), mask=exists)
+    tl.store(stats_ptr + 3 * stats_stride + rows, tl.where(ignored, 0.0, anchor + run_mean), mask=exists)
+
+
+@triton.jit
+def vocab_shard_gradient_kernel(
+    logits_ptr, target_ptr, lse_ptr, scale_ptr,
+    n_rows, n_cols, row_stride, vocab_start, vocab, ignore_index, label_smoothing,
+    BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROW_MULTIPLE: tl.constexpr,
+):  # fmt: skip
+    """The gradient of one chunk's logits in this shard, written over them, from each row's lse over
+    the whole vocabulary and its incoming gradient (the scale):
+        dx_c = (exp(x_c - lse) - s / vocab - (1 - s) [c == target - vocab_start]) * scale
+    An ignored row's gradient is 0; a NaN scale (an out-of-range target, shard.py) gives a NaN row."""
+    row_stride = known_multiple(row_stride, ROW_MULTIPLE)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    exists = rows < n_rows
+    target = tl.load(target_ptr + rows, mask=exists, other=ignore_index)
+    ignored = target == ignore_index
+    lse = tl.load(lse_ptr + rows, mask=exists & ~ignored, other=0.0)  # an ignored row reads -inf: exp(-inf - 0) = 0
+    scale = tl.load(scale_ptr + rows, mask=exists, other=0.0).to(lse.dtype)
+    scale = tl.where(ignored, 0.0, scale)  # ignored: exactly 0, whatever the incoming gradient
+    smoothing = tl.cast(label_smoothing, lse.dtype)
+    row_ptrs = logits_ptr + rows[:, None] * row_stride
+    _write_gradient(
+        row_ptrs, row_stride, n_cols, exists, (~ignored)[:, None], lse, scale, target - vocab_start,
+        smoothing / vocab, 1.0 - smoothing, BLOCK_SIZE,
+    )  # fmt: skip

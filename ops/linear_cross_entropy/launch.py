@@ -34,57 +34,77 @@ def run(
     and bias (V,) or None.  `incoming`: the per-row gradient (N,) of the backward of "none", else
     None.  The loss is the row losses (N,), their sum or their mean for plan.loss, else empty; a
     gradient the plan does not compute is an empty tensor."""
-    n_rows = x.shape[0]
-    vocab = weight.shape[0]
-    device, compute = x.device, compute_dtype(x.dtype)
-    row_loss = torch.empty(n_rows if plan.loss else 0, dtype=compute, device=device)
+    n_rows, vocab = x.shape[0], weight.shape[0]
+    row_loss = torch.empty(n_rows if plan.loss else 0, dtype=compute_dtype(x.dtype), device=x.device)
     kept_count = (target != ignore_index).sum() if plan.reduction == "mean" and (plan.loss or plan.mean) else None
+    sums = GradientSums(plan, x, weight, bias)
+    for start, end, padded_rows, logits in chunk_logits(plan, x, weight, bias):
+        # The pointers a launch does not read (the plan's flags leave them out) are the buffer's.
+        launcher(linear_cross_entropy_kernel, x)[(cdiv(end - start, plan.tile.rows),)](
+            padded_rows, target[start:end], row_loss[start:end] if plan.loss else padded_rows,
+            padded_rows if incoming is None else incoming[start:], padded_rows if kept_count is None else kept_count,
+            end - start, vocab, plan.logits_stride, 0 if incoming is None else incoming.stride(0),
+            ignore_index, float(label_smoothing),
+            LOSS=plan.loss, GRAD=plan.grad, INCOMING=incoming is not None, MEAN=plan.mean,
+            SMOOTHING=plan.smoothing, BLOCK_M=plan.tile.rows, BLOCK_SIZE=plan.tile.block,
+            ROW_MULTIPLE=plan.tile.row_multiple, num_warps=plan.tile.warps,
+        )  # fmt: skip
+        sums.add(start, end, logits)
+    padded_rows = logits = None  # the buffer goes back before the sums are rounded
+    return (_reduce(plan, row_loss, kept_count), *sums.results())
 
-    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if plan.x_grad else x.new_empty(0)
-    weight_sum = None  # the weight gradient's sum over the chunks: the gradient itself, or a float32 sum
-    if plan.weight_grad:
-        sum_dtype = weight.dtype if plan.weight_sum == IN_OUTPUT else compute
-        weight_sum = (torch.zeros if plan.chunks == 0 else torch.empty)(weight.shape, dtype=sum_dtype, device=device)
-    bias_sum = torch.zeros(vocab, dtype=compute, device=device) if plan.bias_grad else None
 
-    if plan.chunks:
-        tile = plan.tile
-        # One buffer for every chunk's logits, its rows padded to 16 bytes; each chunk uses its first rows.
-        buffer = torch.empty((plan.chunk_rows, plan.logits_stride), dtype=x.dtype, device=device)
-        for index in range(plan.chunks):
-            start = index * plan.chunk_rows
-            end = min(start + plan.chunk_rows, n_rows)
-            # The kernel reads and writes the padded rows whole (their padding ends 0), so it gets the
-            # rows whole: a traced call's functional copy of a tensor covers that tensor's extent only.
-            padded_rows = buffer[: end - start]
-            x_chunk, logits = x[start:end], padded_rows[:, :vocab]
-            if bias is None:
-                torch.mm(x_chunk, weight.t(), out=logits)
-            else:
-                torch.addmm(bias, x_chunk, weight.t(), out=logits)
-            # The pointers a launch does not read (the plan's flags leave them out) are the buffer's.
-            launcher(linear_cross_entropy_kernel, x)[(cdiv(end - start, tile.rows),)](
-                padded_rows, target[start:end], row_loss[start:end] if plan.loss else buffer,
-                buffer if incoming is None else incoming[start:], buffer if kept_count is None else kept_count,
-                end - start, vocab, plan.logits_stride, 0 if incoming is None else incoming.stride(0),
-                ignore_index, float(label_smoothing),
-                LOSS=plan.loss, GRAD=plan.grad, INCOMING=incoming is not None, MEAN=plan.mean,
-                SMOOTHING=plan.smoothing, BLOCK_M=tile.rows, BLOCK_SIZE=tile.block, ROW_MULTIPLE=tile.row_multiple,
-                num_warps=tile.warps,
-            )  # fmt: skip
-            if plan.x_grad:
-                torch.mm(logits, weight, out=grad_x[start:end])
-            if plan.weight_grad:
-                _add_weight_gradient(plan, weight_sum, logits, x_chunk, first=index == 0)
-            if plan.bias_grad:
-                bias_sum += logits.sum(0, dtype=compute)
-        del buffer, padded_rows, logits
+def chunk_logits(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """For each chunk of the plan: (start, end, padded_rows, logits), its logits x[start:end] @ W^T (+ b)
+    computed into one buffer reused by every chunk, its rows padded to 16 bytes.  The row kernel reads
+    and writes the padded rows whole (their padding ends 0), so it gets them whole: a traced call's
+    functional copy of a tensor covers that tensor's extent only."""
+    if not plan.chunks:
+        return
+    buffer = torch.empty((plan.chunk_rows, plan.logits_stride), dtype=x.dtype, device=x.device)
+    for index in range(plan.chunks):
+        start = index * plan.chunk_rows
+        end = min(start + plan.chunk_rows, x.shape[0])
+        padded_rows = buffer[: end - start]
+        logits = padded_rows[:, : weight.shape[0]]
+        if bias is None:
+            torch.mm(x[start:end], weight.t(), out=logits)
+        else:
+            torch.addmm(bias, x[start:end], weight.t(), out=logits)
+        yield start, end, padded_rows, logits
 
-    # A float32 sum rounded once to the weight's dtype, after the buffer is given back; a result the
-    # plan does not compute is an empty tensor of its own.
-    grad_weight = weight_sum.to(weight.dtype) if weight_sum is not None else x.new_empty(0)
-    grad_bias = bias_sum.to(bias.dtype) if bias_sum is not None else x.new_empty(0)
-    return _reduce(plan, row_loss, kept_count), grad_x, grad_weight, grad_bias
+
+class GradientSums:
+    """The gradients the plan computes, from each chunk's logits' gradient: grad_x's rows, and the
+    weight's and bias's sums over the chunks (the gradient itself, or a float32 sum rounded once)."""
+
+    def __init__(self, plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.plan, self.x, self.weight, self.bias = plan, x, weight, bias
+        compute = compute_dtype(x.dtype)
+        self.grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if plan.x_grad else None
+        self.weight_sum = None
+        if plan.weight_grad:
+            sum_dtype = weight.dtype if plan.weight_sum == IN_OUTPUT else compute
+            allocate = torch.zeros if plan.chunks == 0 else torch.empty
+            self.weight_sum = allocate(weight.shape, dtype=sum_dtype, device=x.device)
+        self.bias_sum = torch.zeros(weight.shape[0], dtype=compute, device=x.device) if plan.bias_grad else None
+
+    def add(self, start: int, end: int, dlogits: torch.Tensor) -> None:
+        """One chunk's gradient GEMMs, from its logits' gradient (start..end of x's rows)."""
+        if self.grad_x is not None:
+            torch.mm(dlogits, self.weight, out=self.grad_x[start:end])
+        if self.weight_sum is not None:
+            _add_weight_gradient(self.plan, self.weight_sum, dlogits, self.x[start:end], first=start == 0)
+        if self.bias_sum is not None:
+            self.bias_sum += dlogits.sum(0, dtype=self.bias_sum.dtype)
+
+    def results(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(grad_x, grad_weight, grad_bias): a float32 sum rounded once to its parameter's dtype; a
+        gradient the plan does not compute is an empty tensor of its own."""
+        grad_x = self.grad_x if self.grad_x is not None else self.x.new_empty(0)
+        grad_weight = self.weight_sum.to(self.weight.dtype) if self.weight_sum is not None else self.x.new_empty(0)
+        grad_bias = self.bias_sum.to(self.bias.dtype) if self.bias_sum is not None else self.x.new_empty(0)
+        return grad_x, grad_weight, grad_bias
 
 
 def _add_weight_gradient(
