@@ -59,6 +59,7 @@ from ..runtime import (
     launching_directly,
     register_op,
 )
+from . import vocab_parallel
 from .launch import run
 from .plan import TUNING, Meta, Tuning, choose_plan
 
@@ -67,8 +68,9 @@ from .plan import TUNING, Meta, Tuning, choose_plan
 # --------------------------------------------------------------------------
 
 
-def _check_inputs(op: str, x, weight, target, bias, x_ndims=None) -> None:
-    """x (..., H) float, weight (V, H) and bias (V,) of x's dtype, target (...) int64, one device."""
+def check_inputs(op: str, x, weight, target, bias, x_ndims=None, min_classes: int = 1) -> None:
+    """x (..., H) float, weight (V, H) and bias (V,) of x's dtype, target (...) int64, one device;
+    V at least `min_classes` (0 for one shard of a vocabulary, which may hold no class)."""
     check_tensor(op, "x", x, ndims=x_ndims)
     if x.dim() == 0:
         raise ValueError(f"tk.{op}: x must have at least one dimension (its last is the features), got a 0-D tensor")
@@ -79,7 +81,7 @@ def _check_inputs(op: str, x, weight, target, bias, x_ndims=None) -> None:
             f"tk.{op}: x has shape {tuple(x.shape)} and weight has shape {tuple(weight.shape)}: weight must be "
             f"(V, {x.shape[-1]}), as nn.Linear keeps it (its features {weight.shape[1]} and x's {x.shape[-1]} differ)"
         )
-    if weight.shape[0] == 0:
+    if weight.shape[0] < min_classes:
         raise ValueError(f"tk.{op}: weight has shape {tuple(weight.shape)}: there must be at least one class")
     if bias is not None:
         check_tensor(op, "bias", bias, ndims=(1,))
@@ -138,9 +140,9 @@ def forward(
     compute ("mean" and "sum" only; "none" computes its gradients in the backward); the others are
     empty tensors."""
     op = "linear_cross_entropy_forward"
-    _check_inputs(op, x, weight, target, bias, x_ndims=(2,))
+    check_inputs(op, x, weight, target, bias, x_ndims=(2,))
     check_options(op, reduction, label_smoothing)
-    _check_bias_grad(op, bias, bias_grad)
+    check_bias_grad(op, bias, bias_grad)
     now = reduction != "none"  # the gradients are computed here
     meta = describe(
         x, weight, reduction, label_smoothing,
@@ -167,9 +169,9 @@ def backward(
     reduction="none" for the incoming gradient (N,) of the row losses, each chunk's logits computed
     again; a gradient not asked for is an empty tensor."""
     op = "linear_cross_entropy_backward"
-    _check_inputs(op, x, weight, target, bias, x_ndims=(2,))
+    check_inputs(op, x, weight, target, bias, x_ndims=(2,))
     check_options(op, "none", label_smoothing)
-    _check_bias_grad(op, bias, bias_grad)
+    check_bias_grad(op, bias, bias_grad)
     check_tensor(op, "grad", grad, ndims=(1,))
     if grad.shape[0] != x.shape[0]:
         raise ValueError(
@@ -187,7 +189,7 @@ def backward(
     return grad_x, grad_weight, grad_bias
 
 
-def _check_bias_grad(op: str, bias, bias_grad: bool) -> None:
+def check_bias_grad(op: str, bias, bias_grad: bool) -> None:
     if bias is None and bias_grad:
         raise ValueError(f"tk.{op}: bias_grad=True asks for the gradient of a bias, but bias is None")
 
@@ -300,8 +302,10 @@ def linear_cross_entropy(
     label_smoothing=)`` for x (..., H) and target (...), without the logits.  The gradients are
     computed for the inputs that require them, and none under no_grad."""
     op = "linear_cross_entropy"
-    _check_inputs(op, x, weight, target, bias)
+    check_inputs(op, x, weight, target, bias)
     check_options(op, reduction, label_smoothing)
+    if vocab_parallel.applies(weight, bias):  # tensor parallelism's lm_head: the weight stays sharded
+        return vocab_parallel.linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, label_smoothing)
     grad = torch.is_grad_enabled()
     wanted = (grad and x.requires_grad, grad and weight.requires_grad, grad and bias is not None and bias.requires_grad)
     loss, _, _, _ = torch.ops.tk.linear_cross_entropy_forward(
@@ -336,7 +340,7 @@ def linear_cross_entropy_with_tuning(
     """linear_cross_entropy, loss and gradients, planned with `tuning`: a plain autograd.Function
     over forward and backward, with the registered op's formula (torch.compile and the native lane
     see the registered ops only)."""
-    _check_inputs("linear_cross_entropy", x, weight, target, bias)
+    check_inputs("linear_cross_entropy", x, weight, target, bias)
     options = (ignore_index, reduction, label_smoothing, tuning)
     loss = _TunedLinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), bias, *options)
     return loss.reshape(target.shape) if reduction == "none" else loss

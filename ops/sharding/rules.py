@@ -306,6 +306,22 @@ def linear_cross_entropy_backward(a):
     return strategies + _linear_in(("grad",), wanted, ("x", "target", *params))
 
 
+def linear_cross_entropy_shard_stats(a):
+    """One vocabulary shard's (4, N) stats (ops/linear_cross_entropy/shard.py; vocab_parallel.py calls it on
+    local tensors): a shard of the rows of x and target gives the same shard of the stats' columns."""
+    return [([Shard(1)], {"x": Shard(0), "target": Shard(0), "weight": R, **_given(bias=a.bias)})]
+
+
+def linear_cross_entropy_shard_backward(a):
+    """One vocabulary shard's gradients: the rows as linear_cross_entropy_backward's; linear in grad."""
+    wanted = [a.x_grad, a.weight_grad, a.bias_grad]
+    sums = [Partial("sum") if a.weight_grad else R, Partial("sum") if a.bias_grad else R]
+    params = {"weight": R, **_given(bias=a.bias)}
+    rows = {"grad": Shard(0), "lse": Shard(0), "x": Shard(0), "target": Shard(0)}
+    strategies = [([Shard(0) if a.x_grad else R, *sums], {**rows, **params})]
+    return strategies + _linear_in(("grad",), wanted, ("lse", "x", "target", *params))
+
+
 # --------------------------------------------------------------------------
 # Every op's rule, by op name (torch.ops.tk.<name>).
 # --------------------------------------------------------------------------
@@ -318,6 +334,6 @@ RULES = {
         "softmax", "softmax_backward", "rms_norm", "rms_norm_backward", "layer_norm", "layer_norm_backward",
         "rope", "rope_backward", "matmul", "matmul_backward",
         "cross_entropy_forward", "cross_entropy_backward", "linear_cross_entropy_forward",
-        "linear_cross_entropy_backward",
+        "linear_cross_entropy_backward", "linear_cross_entropy_shard_stats", "linear_cross_entropy_shard_backward",
     )
 }  # fmt: skip

@@ -117,6 +117,14 @@ def calls(name: str) -> list[tuple]:
             (torch.randn(7), h, weight, target, bias, IGNORE, 0.0, True, True, True),
             (torch.randn(7), h, weight, target, None, IGNORE, 0.1, True, False, False),
         ],
+        "linear_cross_entropy_shard_stats": [
+            (h, weight[3:8], target, bias[3:8], 3, IGNORE, 0.1),
+            (h, weight[:4], target, None, 0, IGNORE, 0.0),
+        ],
+        "linear_cross_entropy_shard_backward": [
+            (torch.randn(7), torch.randn(7) + 3, h, weight[3:8], target, bias[3:8], 3, 10, IGNORE, 0.1, True, True, True),
+            (torch.randn(7), torch.randn(7) + 3, h, weight[:4], target, None, 0, 10, IGNORE, 0.0, True, False, False),
+        ],
     }
     return table[name]
 
