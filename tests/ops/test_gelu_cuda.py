@@ -1,16 +1,25 @@
-"""The CUDA C++ GELU (ops/tour/gelu_cuda.py), built where nvcc is.
+"""The CUDA C++ GELU (ops/tour/gelu_cuda.py): a variant of the gelu reports, built where nvcc is.
 
-On any machine: where it cannot run (no CUDA device, no nvcc, a build that
-failed) its loader raises ImportError with the reason.  On a GPU with nvcc
-(marked `gpu`): its results against float64.
+On any machine: it is one of gelu's and gelu_tanh's variants, and where it cannot
+run (no CUDA device, no nvcc, a build that failed) the harness reports it as
+skipped, with the reason, and runs the others.  On a GPU with nvcc (marked
+`gpu`): its results against float64.
 """
+
+import dataclasses
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 from reference import DTYPES, assert_close
 
+import ops
+from compare import cli
+from compare.variants import all_variants
 from ops.tour import gelu_cuda
+
+FAST = ["--device", "cpu", "--shapes", "1000", "--rep-ms", "2", "--rounds", "1", "--quiet", "--no-capture"]
 
 
 @pytest.fixture
@@ -23,6 +32,14 @@ def fresh_build():
 
 def _failed_build():
     raise RuntimeError("Error building extension 'tk_gelu_cuda': nvcc fatal : Unsupported gpu architecture")
+
+
+@pytest.mark.parametrize("op", ["gelu", "gelu_tanh"])
+def test_the_cuda_variant_is_in_both_gelu_reports(op):
+    spec = ops.SPECS[op]
+    kinds = {v.name: v.kind for v in all_variants(spec)}
+    assert kinds["cuda"] == "peer" and spec.peer_devices == ("cuda",)
+    assert {"eager", "eager-unfused", "compile", "tk"} <= set(kinds)  # the lesson's other rungs
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -49,6 +66,32 @@ def test_a_failed_build_is_unavailable_with_its_error_and_not_retried(monkeypatc
         with pytest.raises(ImportError, match="build failed: RuntimeError: .*Unsupported gpu architecture"):
             gelu_cuda.load(approximate)
     assert calls == [1]
+
+
+def _run_gelu(tmp_path, variants: str) -> tuple[dict, str]:
+    assert cli.main(["--op", "gelu", "--variants", variants, "--out", str(tmp_path), *FAST]) == 0
+    doc = json.loads((tmp_path / "gelu" / "results.json").read_text())
+    return {r["variant"]: r for r in doc["records"]}, (tmp_path / "gelu" / "report.md").read_text()
+
+
+def test_on_the_cpu_the_report_skips_it_and_runs_the_others(tmp_path):
+    by, md = _run_gelu(tmp_path, "eager,eager-unfused,tk,cuda")
+    assert by["cuda"]["status"] == "skipped" and by["cuda"]["error"] == "runs on cuda only, not on cpu"
+    assert all(by[name]["status"] == "ok" for name in ("eager", "eager-unfused", "tk"))
+    assert "peer `cuda` skipped: runs on cuda only, not on cpu" in md
+
+
+@pytest.mark.parametrize("cause", ["no CUDA device", "the CUDA GELU's build failed"])
+def test_where_it_cannot_be_built_the_report_says_why_and_runs_the_others(tmp_path, monkeypatch, fresh_build, cause):
+    # Let the variant past the harness's device check, so that its loader decides on this CPU.
+    monkeypatch.setitem(ops.SPECS, "gelu", dataclasses.replace(ops.SPECS["gelu"], peer_devices=("cpu", "cuda")))
+    monkeypatch.setattr(gelu_cuda, "missing", lambda: "no CUDA device" if cause == "no CUDA device" else None)
+    monkeypatch.setattr(gelu_cuda, "build", _failed_build)
+    by, md = _run_gelu(tmp_path, "eager,tk,cuda")
+    cuda = by["cuda"]
+    assert cuda["status"] == "skipped" and cuda["error"].startswith(f"not installed ({cause}")
+    assert by["eager"]["status"] == by["tk"]["status"] == "ok"
+    assert f"peer `cuda` skipped: {cuda['error']}" in md
 
 
 # ------------------------------------------------------------- on a GPU with nvcc
