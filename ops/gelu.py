@@ -9,6 +9,7 @@ element, so the kernel is bound by memory bandwidth; the math is done in
 float32 whatever the storage dtype.
 """
 
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -193,6 +194,14 @@ def gelu_tanh_unfused(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x**3)))
 
 
+def _cuda_gelu(approximate: str):
+    """The same GELU in CUDA C++ (ops/tour/gelu_cuda.py), a rung of the lessons' ladder beside tk's
+    Triton: built on first use where nvcc is; elsewhere ImportError says why, and the harness skips it."""
+    from .tour import gelu_cuda
+
+    return gelu_cuda.load(approximate)
+
+
 def _make_inputs(shape, dtype, device):
     (n,) = shape
     return (torch.randn(n, dtype=dtype, device=device),)
@@ -217,6 +226,7 @@ for _approximate, _name, _flops, _unfused in _FORWARDS:
             tk=lambda x, a=_approximate: torch.ops.tk.gelu(x, a),
             reference=lambda x, a=_approximate: F.gelu(x, approximate=a),
             unfused={"eager-unfused": _unfused},
+            peers={"cuda": functools.partial(_cuda_gelu, _approximate)},
             make_inputs=_make_inputs,
             bytes_moved=_bytes,
             flops=lambda shape, dtype, f=_flops: f * shape[0],

@@ -60,24 +60,18 @@ def module():
     _tried = True
     if os.environ.get("TK_NATIVE", "1") == "0":
         return None
-    path = os.environ.get("PATH", "")
     try:
         from torch.utils import cpp_extension
 
-        # ninja may come from this environment's own bin (the pip package), off PATH.
-        os.environ["PATH"] = os.pathsep.join([_BIN, path])
-        # One build per torch: the extension links against its C++ ABI.
-        tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
-        name = f"tk_native_{tag}"
+        name = f"tk_native_{torch_tag()}"
         build = build_directory(name)
         clear_stale_lock(build)
-        _module = cpp_extension.load(
-            name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], build_directory=str(build)
-        )
+        with build_tools_on_path():
+            _module = cpp_extension.load(
+                name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], build_directory=str(build)
+            )
     except Exception as error:  # no compiler, no ninja, headers missing: the Python path still works
         warnings.warn(f"tk: the native lane could not be built, eager calls stay in Python ({error})", stacklevel=2)
-    finally:
-        os.environ["PATH"] = path
     return _module
 
 
@@ -85,6 +79,24 @@ _BIN = os.path.dirname(sys.executable)
 
 # A build takes about a minute; a lock older than this was left by a build that was killed.
 STALE_LOCK_SECONDS = 15 * 60
+
+
+def torch_tag() -> str:
+    """torch's version as part of an extension's name: one build per torch, as the extension links
+    against its C++ ABI."""
+    return "".join(c if c.isalnum() else "_" for c in torch.__version__)
+
+
+@contextlib.contextmanager
+def build_tools_on_path():
+    """This environment's own bin first on PATH while a build runs: ninja may come from there (the pip
+    package), off PATH.  PATH is put back afterwards."""
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([_BIN, path])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 def build_directory(name: str) -> Path:
@@ -111,7 +123,7 @@ def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_SECONDS) -> bool
         return False
     if age < max_age_s:
         return False
-    warnings.warn(f"tk: removing {lock}, left {age / 60:.0f} min ago by a build of the native lane that did not finish")
+    warnings.warn(f"tk: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish")
     lock.unlink(missing_ok=True)
     return True
 

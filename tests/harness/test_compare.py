@@ -325,7 +325,7 @@ def test_dtype_aliases_and_defaults():
 def test_variants_come_from_the_spec_only():
     names = [v.name for v in all_variants(ops.SPECS["gelu"], max_autotune=True)]
     assert names == ["eager", "eager-unfused", "compile", "compile-unfused", "compile-max-autotune",
-                     "compile-max-autotune-unfused", "tk"]  # fmt: skip
+                     "compile-max-autotune-unfused", "tk", "cuda"]  # fmt: skip
     spec = fake_spec()
     kinds = {v.name: v.kind for v in all_variants(spec)}
     assert kinds["missing"] == kinds["crashy"] == "peer" and "compile-max-autotune" not in kinds
@@ -577,9 +577,9 @@ def test_a_run_keeps_the_profiler_off_the_terminal_and_real_errors_on_it(tmp_pat
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--op", "gelu", "--variants", "peer"], "op gelu has no variant 'peer' (it has: eager, eager-unfused"),
+        (["--op", "square", "--variants", "peer"], "op square has no variant 'peer' (it has: eager, eager-mul"),
         (["--op", "softmax", "--variants", "peer"], "the selected variants of softmax (liger) run on cuda only, not on cpu"),
-        (["--op", "gelu,square", "--variants", "peer"], "nothing to run: op gelu has no variant 'peer'"),
+        (["--op", "add,square", "--variants", "peer"], "nothing to run: op add has no variant 'peer'"),
         (["--op", "gelu,square", "--variants", "turbo"], "unknown variant(s) turbo: no op of gelu,square has them"),
     ],
 )
