@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated shapes, dims joined by 'x' (gelu: 1024,1048576; softmax: 4096x1024), or a set: "
                         "'sweep' (the op's own), 'real' (its calls in real models, GPU), 'all' (both, the default on a GPU)")  # fmt: skip
     p.add_argument("--variants", default=None,
-                   help="comma-separated variant names or kinds (eager, unfused, compile, max-autotune, tk, peer); default: all")  # fmt: skip
+                   help="comma-separated variant names or kinds (eager, unfused, compile, max-autotune, tk, tk-plan, peer);"
+                        " default: all")  # fmt: skip
     p.add_argument("--max-autotune", action="store_true",
                    help="add torch.compile mode='max-autotune-no-cudagraphs' variants (tens of seconds per shape)")  # fmt: skip
     p.add_argument("--quick", action="store_true",

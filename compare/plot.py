@@ -19,6 +19,7 @@ _STYLE = {
     "compile": ("tab:orange", "s", "-"),
     "max-autotune": ("tab:red", "D", "-"),
     "tk": ("tab:green", "*", "-"),
+    "tk-plan": ("tab:olive", "P", "--"),
     "peer": ("tab:purple", "^", ":"),
 }
 

@@ -222,7 +222,7 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("shape_label", (str,), "the spec's label for the shape"),
     Field("variant", (str,), "eager, eager-unfused, compile, compile-max-autotune, tk, a peer...",
           columns=(Column(RESULTS, "variant", 10, cell=_variant_cell),)),
-    Field("kind", (str,), "eager | unfused | compile | max-autotune | tk | peer"),
+    Field("kind", (str,), "eager | unfused | compile | max-autotune | tk | tk-plan | compile-tk | peer"),
     Field("status", (str,), "ok | wrong | failed | skipped", default="failed",
           columns=(Column(RESULTS, "status", 20, cell=_status_cell),)),
     Field("error", (str, NONE), "why failed/wrong/skipped, with the stage that failed",

@@ -32,7 +32,7 @@ import torch
 from . import environment, kernels, limits as limits_mod, profiling, timing
 from .progress import long_step
 from .record import ABOVE_LIMIT, NOISY, NOISY_COMPILE, NOISY_EAGER, NOISY_GRAPH, UNSTABLE_LIMIT, new_record
-from .variants import Variant, VariantSkipped
+from .variants import TK_KINDS, Variant, VariantSkipped
 
 # Steady-state time under which every variant also gets its CUDA-graph replay
 # time.  do_bench's L2 flush hides a call's host time only while the flush
@@ -186,7 +186,7 @@ def _why_slow(v: Variant) -> str:
     """What a long first call of ``v`` is busy with."""
     if v.compiled:
         return "torch.compile: Dynamo, Inductor and Triton compiling; Inductor and Triton keep what they build on disk"
-    if v.kind in ("tk", "compile-tk"):
+    if v.kind in TK_KINDS:
         return "Triton compiling the kernels (kept on disk for the next run) and autotuning those that autotune"
     return "the first call"
 

@@ -32,6 +32,9 @@ class OpSpec:
     dtypes: tuple = (torch.bfloat16, torch.float16, torch.float32)
     bound: str = "memory"  # "memory": judged against copy bandwidth; "compute": against cuBLAS
     unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
+    # tk's own kernels under another plan than the op's choice, by name: what one design choice is worth, timed
+    # beside tk (matmul's row-major program order against its grouped one).
+    tk_plans: dict[str, Callable] = field(default_factory=dict)
     peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
     peer_devices: tuple[str, ...] = ("cuda",)  # where the peers run (Liger's are Triton kernels for CUDA only)
     reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs

@@ -1,8 +1,13 @@
 """What the comparison harness reads about matmul."""
 
+from dataclasses import replace
+
 import torch
 
+from ..runtime import run_direct
 from ..spec import OpSpec, model, register_spec
+from .op import forward
+from .plan import TUNING, Tuning
 
 # --------------------------------------------------------------------------
 # What the comparison harness reads.
@@ -33,10 +38,21 @@ def _real_shapes() -> list[tuple]:
 
 REAL_SHAPES = _real_shapes()
 
+# Programs in row-major order (GROUP_M = 1), timed beside tk's grouped order: the L2 lesson of Triton's matmul
+# tutorial (op.py's docstring).  The same kernels and tile rule; only the order of the tiles differs.
+ROW_MAJOR = replace(TUNING, group_m=1)
+
+
+def _planned(tuning: Tuning):
+    """tk.matmul planned with `tuning`, launched as an eager call of the registered op launches."""
+    return lambda a, b: run_direct(forward, (a, b), {"tuning": tuning})
+
+
 register_spec(
     OpSpec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
+        tk_plans={"tk-row-major": _planned(ROW_MAJOR)},
         reference=torch.matmul,
         make_inputs=_make_inputs,
         bytes_moved=_bytes,
