@@ -55,7 +55,8 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         launcher(matmul_kernel_autotuned, a)[grid](a, b, out, M, N, K, *strides, **flags)
     else:
         grid = (cdiv(M, plan.tile.block_m) * cdiv(N, plan.tile.block_n), batch, split)
-        launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **plan.tile.constexprs())
+        tile = {**plan.tile.constexprs(), **plan.tile.options()}
+        launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **tile)
     if split > 1:
         _sum_slices(plan, out, c)
 
@@ -77,11 +78,13 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles
         return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
 
-    if plan.tile is None:  # the autotuner picks the tile; the kernel's descriptors need Triton's scratch memory
+    if a.device.type == "cuda":  # the kernel's descriptors need Triton's scratch memory there
         set_scratch_allocator()
+    if plan.tile is None:  # the autotuner picks the tile
         launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags)
     else:
         tile = plan.tile.constexprs()
         launcher(matmul_tma_kernel, a)[grid(tile)](
             *args, **flags, STORE_HALVES=plan.store_halves, WARP_SPECIALIZE=plan.warp_specialize, **tile,
+            **plan.tile.options(),
         )  # fmt: skip

@@ -34,14 +34,20 @@ TMA_ALIGNMENT = 16
 
 @dataclass(frozen=True)
 class Tile:
-    """A fixed launch tile: C in BLOCK_M x BLOCK_N tiles, K walked BLOCK_K at a time."""
+    """A fixed launch tile: C in BLOCK_M x BLOCK_N tiles, K walked BLOCK_K at a time, by programs of `warps` warps
+    that pipeline `stages` K steps (one of the autotuner's configs, fixed: the harness's --configs sweep)."""
 
     block_m: int
     block_n: int
     block_k: int
+    warps: int = 4  # Triton's defaults; the interpreter ignores both
+    stages: int = 3
 
     def constexprs(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k}
+
+    def options(self) -> dict:
+        return {"num_warps": self.warps, "num_stages": self.stages}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from reference import DEVICES, assert_close, leaf64, rel_error
 
 from ops.matmul import launch as matmul_launch
 from ops.matmul.kernels import (
+    CONFIGS,
+    TMA_CONFIGS,
     _grouped_tile,
     matmul_kernel,
     matmul_kernel_autotuned,
@@ -37,7 +39,7 @@ from ops.matmul.plan import (
     split_k,
     tma_layout,
 )
-from ops.matmul.spec import ROW_MAJOR
+from ops.matmul.spec import ROW_MAJOR, with_config
 from ops.runtime import H100, DeviceFacts, launcher
 from ops.spec import SPECS
 
@@ -393,6 +395,29 @@ def test_matmul_row_major_variant_on_the_gpu(launches, dtype):
         assert_close(row_major(a, b), matmul_reference(a, b), dtype)
     autotuned = (matmul_kernel_autotuned, matmul_tma_kernel_autotuned)
     assert [flags["GROUP_M"] for kernel, flags in launches if kernel in autotuned] == [1, 1]
+
+
+# ------------------------------------------------------- --configs (the spec's)
+
+
+def test_matmul_configs_fix_each_candidate_of_the_plan(launches):
+    """The spec's configurations of a call: the autotuner's candidates for the kernel its plan takes, each a launch
+    of that tile, warps and stages, right against float64; on an H100 the TMA kernel's candidates with their flags."""
+    a, b = torch.randn(70, 37, dtype=torch.bfloat16), torch.randn(37, 50, dtype=torch.bfloat16)
+    calls = SPECS["matmul"].configs(a, b)
+    assert len(calls) == len(CONFIGS)  # one label each
+    for call in calls.values():
+        assert_close(call(a, b), matmul_reference(a, b), torch.bfloat16)
+    launched = [(f["BLOCK_M"], f["BLOCK_N"], f["BLOCK_K"], f["num_warps"], f["num_stages"], f["UPCAST_OPERANDS"])
+                for kernel, f in launches if kernel is matmul_kernel]  # fmt: skip
+    blocks = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in CONFIGS]
+    # (and bfloat16 upcast in the interpreter, as the call's own plan says)
+    assert launched == [(*block, c.num_warps, c.num_stages, True) for block, c in zip(blocks, CONFIGS)]
+    tma = choose_plan(on(H100, *meta_tensors(2048, 2048, 2048)))
+    fixed = with_config(tma, TMA_CONFIGS[3])  # 128x256x64, 3 stages, 8 warps, warp-specialized
+    assert (fixed.design, fixed.tile) == (TMA, Tile(128, 256, 64, warps=8, stages=3))
+    assert fixed.store_halves and fixed.warp_specialize
+    assert replace(fixed, tile=None, store_halves=False, warp_specialize=False) == tma  # nothing else changed
 
 
 @pytest.mark.parametrize("device", DEVICES)
