@@ -232,7 +232,8 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("shape", (list,), "the spec's shape tuple (CSV: dims joined by 'x')",
           csv=lambda dims: "x".join(str(d) for d in dims)),
     Field("shape_label", (str,), "the spec's label for the shape"),
-    Field("variant", (str,), "eager, eager-unfused, compile, compile-max-autotune, tk, a peer...",
+    Field("variant", (str,), "eager, eager-unfused, compile, compile-max-autotune, tk, a peer...; in results.json's "
+          "configs, a configuration of tk's kernel (--configs)",
           columns=(Column(RESULTS, "variant", 10, cell=_variant_cell),
                    Column(CONFIGS, "configuration", 10, cell=_variant_cell))),
     Field("kind", (str,), "eager | unfused | compile | max-autotune | tk | tk-plan | compile-tk | peer"),

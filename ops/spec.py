@@ -36,8 +36,8 @@ class OpSpec:
     # beside tk (matmul's row-major program order against its grouped one).
     tk_plans: dict[str, Callable] = field(default_factory=dict)
     # The configurations of tk's kernel for `--configs` (block sizes, warps, stages: its autotuner's candidates),
-    # given one case's inputs: label -> a call of tk under that configuration, on the same inputs.  None: the op
-    # has no configurable kernel.
+    # given one case's inputs: label -> a call of tk under that configuration, taking the same inputs (and not
+    # keeping these: the harness makes them again).  None: the op has no configurable kernel.
     configs: Callable[..., dict[str, Callable]] | None = None
     peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
     peer_devices: tuple[str, ...] = ("cuda",)  # where the peers run (Liger's are Triton kernels for CUDA only)
