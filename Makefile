@@ -16,6 +16,7 @@ SHAPES       ?=
 VARIANTS     ?=
 QUICK        ?= 0
 MAX_AUTOTUNE ?= 0
+CONFIGS      ?= 0
 DEVICE       ?=
 GPUS         ?=
 RUNS         ?=
@@ -29,7 +30,7 @@ TOOL         ?= torch
 # ---------------------------------------------------------------------------
 
 SETTINGS := PYTHON VENV TORCH_SPEC TORCH_INDEX USE_SYSTEM OP OUT DTYPES SHAPES VARIANTS QUICK MAX_AUTOTUNE \
-            DEVICE GPUS RUNS ARGS TOOL
+            CONFIGS DEVICE GPUS RUNS ARGS TOOL
 given    := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 unknown  := $(filter-out $(SETTINGS) MAKEFLAGS MAKEOVERRIDES MFLAGS -%,$(given))
 upper     = $(shell echo '$(1)' | tr a-z A-Z)
@@ -41,7 +42,7 @@ endif
 
 # QUICK=1, true, yes, on are the same; 0, false, no, off or empty turn it off.
 truth     = $(if $(filter 1 true yes on TRUE YES ON True Yes On,$($(1))),1,$(if $(filter-out 0 false no off FALSE NO OFF False No Off,$($(1))),bad,))
-$(foreach v,QUICK MAX_AUTOTUNE USE_SYSTEM,$(if $(filter bad,$(call truth,$(v))),\
+$(foreach v,QUICK MAX_AUTOTUNE CONFIGS USE_SYSTEM,$(if $(filter bad,$(call truth,$(v))),\
   $(error $(v)=$($(v)) is not a yes or a no: use $(v)=1 or $(v)=0)))
 
 $(if $(filter-out torch ncu,$(TOOL)),$(error TOOL=$(TOOL): make profile takes TOOL=torch (torch.profiler) or TOOL=ncu (Nsight Compute)))
@@ -56,7 +57,8 @@ endif
 
 COMPARE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) \
   $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(call truth,QUICK),--quick) \
-  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
+  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(if $(call truth,CONFIGS),--configs) $(if $(GPUS),--gpus $(GPUS)) \
+  $(ARGS)
 
 # make ir: every compiled level of OP's tk kernels, planned and compiled for an H100 on any machine.
 IR_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) $(ARGS)
@@ -70,9 +72,9 @@ PROFILE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if 
 help:  ## list the targets and settings
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 	@echo
-	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 OUT GPUS=4|all (compare, bench), DEVICE (overhead),"
-	@echo "          TOOL=torch|ncu (profile), RUNS (summary), ARGS (passed on as they are), USE_SYSTEM=1, TORCH_SPEC,"
-	@echo "          TORCH_INDEX, PYTHON"
+	@echo "settings: OP DTYPES SHAPES VARIANTS QUICK=1 MAX_AUTOTUNE=1 CONFIGS=1 OUT GPUS=4|all (compare, bench),"
+	@echo "          DEVICE (overhead), TOOL=torch|ncu (profile), RUNS (summary), ARGS (passed on as they are),"
+	@echo "          USE_SYSTEM=1, TORCH_SPEC, TORCH_INDEX, PYTHON"
 
 test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
 	$(PY) -m pytest -q $(ARGS)
@@ -80,7 +82,7 @@ test: $(SETUP)  ## run the test suite (GPU tests skip without CUDA)
 test-gpu: $(SETUP)  ## run only the GPU tests (pytest -m gpu)
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
-compare: $(SETUP)  ## compare every variant of OP (OP=all; DTYPES, SHAPES, VARIANTS, QUICK=1, MAX_AUTOTUNE=1, OUT, GPUS)
+compare: $(SETUP)  ## compare every variant of OP (OP=all; DTYPES, SHAPES, VARIANTS, QUICK=1, MAX_AUTOTUNE=1, CONFIGS=1, OUT, GPUS)
 	@echo "python -m compare $(strip $(COMPARE_FLAGS))"
 	@$(PY) -m compare $(COMPARE_FLAGS)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import environment, interrupts, layout, runner, session
+from . import configs, environment, interrupts, layout, runner, session
 from .progress import Progress
 from .selection import (  # noqa: F401 - the parsing every command shares; these names stay readable here
     ALIASES,
@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated shapes, dims joined by 'x' (gelu: 1024,1048576; softmax: 4096x1024), or a set: "
                         "'sweep' (the op's own), 'real' (its calls in real models, GPU), 'all' (both, the default on a GPU)")  # fmt: skip
     p.add_argument("--variants", default=None,
-                   help="comma-separated variant names or kinds (eager, unfused, compile, max-autotune, tk, peer); default: all")  # fmt: skip
+                   help="comma-separated variant names or kinds (eager, unfused, compile, max-autotune, tk, tk-plan, peer);"
+                        " default: all")  # fmt: skip
     p.add_argument("--max-autotune", action="store_true",
                    help="add torch.compile mode='max-autotune-no-cudagraphs' variants (tens of seconds per shape)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
@@ -69,6 +70,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", action="store_true",
                    help="Nsight Compute over the sweep's first case, one variant at a time (GPU, ncu on PATH):"
                         " bandwidth, occupancy, registers, spills per kernel (ncu/ in the report)")  # fmt: skip
+    p.add_argument("--configs", action="store_true",
+                   help="also time tk's kernel under each configuration its op declares (block sizes, warps, stages:"
+                        " matmul's autotuner candidates) on every selected shape: a table in report.md and configs.png"
+                        " (on a CPU, interpreter times: no performance figure)")  # fmt: skip
     p.add_argument("--no-cudagraph", action="store_true", help="skip the CUDA-graph replay time of small calls")
     p.add_argument("--quiet", action="store_true", help="no progress line, no tables on the terminal")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "k/n": a worker of a split sweep (split.py)
@@ -110,6 +115,8 @@ def make_sweeps(args, device: torch.device, notes: list[str] | None = None) -> l
     specs = {**ops.SPECS, **models}
     known = f"known ops: {', '.join(sorted(ops.SPECS))}; models: {', '.join(sorted(models)) or 'none'}; or all"
     names = op_names(args.op, specs, known)
+    if args.configs:
+        configs.check(names, specs)
     if args.shapes and args.shapes not in SHAPE_SETS and len(names) > 1:
         raise UsageError(f"--shapes needs a single op (shapes differ between ops), or one of {', '.join(SHAPE_SETS)}")
     wanted = _split(args.variants) if args.variants else None
@@ -176,7 +183,7 @@ def settings_from(args, device: torch.device) -> runner.Settings:
     if args.quick:
         rep_ms, rounds = (args.rep_ms or rep_ms / 2), (args.rounds or 1)
     return runner.Settings(device=device, rep_ms=rep_ms, rounds=rounds, cudagraph=not args.no_cudagraph,
-                           profile=args.profile, ir=args.ir, ncu=args.ncu)  # fmt: skip
+                           profile=args.profile, ir=args.ir, ncu=args.ncu, configs=args.configs)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -198,6 +205,8 @@ def _main(argv: list[str]) -> int:
         p.error(str(e))
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.configs and len(gpus) > 1:
+        p.error("--configs runs in one process: leave out --gpus")
     if args.ncu:
         from . import ncu
 

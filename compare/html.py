@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import highlight, profiling, report
 from .formats import device_label, fmt_time
-from .record import groups
+from .record import CONFIGS, RESULTS, groups
 
 HTML_NAME = "report.html"
 MAX_SOURCE_LINES = 400  # longer sources are linked, not inlined (a model's whole module)
@@ -281,20 +281,25 @@ def _index(op_dir: Path) -> dict:
         return {"handwritten": [], "generated": [], "tk": [], "device": None}
 
 
-def _plot(op_dir: Path) -> str:
+def _plot(op_dir: Path, name: str = report.PNG_NAME, alt: str = "throughput against size, one line per variant") -> str:
     try:
-        data = base64.b64encode((op_dir / report.PNG_NAME).read_bytes()).decode()
+        data = base64.b64encode((op_dir / name).read_bytes()).decode()
     except OSError:
         return ""
-    return f'<img class="plot" alt="throughput against size, one line per variant" src="data:image/png;base64,{data}">'
+    return f'<img class="plot" alt="{esc(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _results_table(doc: dict, recs: list[dict], table: str = RESULTS) -> str:
+    """One (dtype, shape)'s table of ``table`` (record.py), the best row and the bad ones marked."""
+    headers, rows = report.table_rows(recs, doc["bound"], table)
+    classes = ["best" if r.get("best") else ("bad" if r["status"] in ("failed", "wrong") else "") for r in recs]
+    return _table(headers, rows, classes)
 
 
 def _case(doc: dict, op_dir: Path, dtype: str, label: str, recs: list[dict], index: dict, profiles: list[dict]) -> str:
     gpu = doc["settings"]["device"] == "cuda"
-    headers, rows = report.table_rows(recs, doc["bound"])
-    classes = ["best" if r.get("best") else ("bad" if r["status"] in ("failed", "wrong") else "") for r in recs]
     out = [f'<h3 id="{_anchor(dtype, label)}">{esc(report.group_title(doc["op"], dtype, label, recs))}</h3>',
-           _table(headers, rows, classes)]  # fmt: skip
+           _results_table(doc, recs)]  # fmt: skip
     by_variant = {r["variant"]: r for r in recs}
     tk_entry = next((e for e in index.get("tk", []) if (e["dtype"], e["shape_label"]) == (dtype, label)), None)
     generated = [e for e in index.get("generated", []) if (e["dtype"], e["shape_label"]) == (dtype, label)]
@@ -311,6 +316,19 @@ def _case(doc: dict, op_dir: Path, dtype: str, label: str, recs: list[dict], ind
     mine = [p for p in profiles if (p["dtype"], p["shape_label"]) == (dtype, label)]
     if mine:
         out.append("<h4>Profile</h4>" + profile_block(mine))
+    return "".join(out)
+
+
+def _configs_block(doc: dict, op_dir: Path) -> str:
+    """--configs: each configuration of tk's kernel per (dtype, shape), its plot first."""
+    if not doc.get("configs"):
+        return ""
+    out = ["<h2 id='configs'>Kernel configurations (--configs)</h2>"]
+    out += [f"<p>{esc(line)}</p>" for line in report.configs_intro(doc)]
+    out.append(_plot(op_dir, report.CONFIGS_PNG_NAME, "each configuration of tk's kernel, one line per shape"))
+    for dtype, label, recs in groups(doc["configs"]):
+        title = report.group_title(doc["op"], dtype, label, recs)
+        out += [f"<h3>{esc(title)}</h3>", _results_table(doc, recs, CONFIGS)]
     return "".join(out)
 
 
@@ -357,9 +375,10 @@ def page(doc: dict, op_dir: Path) -> str:
     out.append("<h2>Results</h2>" + _plot(op_dir))
     for dtype, label, recs in cases:
         out.append(_case(doc, op_dir, dtype, label, recs, index, profiles))
+    out.append(_configs_block(doc, op_dir))
     out.append(f"<h2>Legend</h2><div class='legend'>{esc(report.legend(doc))}</div>")
     out.append(_ncu_block(doc.get("ncu")))
-    problems = [r for r in doc["records"] if r["status"] in ("failed", "wrong")]
+    problems = [r for r in doc["records"] + doc.get("configs", []) if r["status"] in ("failed", "wrong")]
     if problems:
         items = "".join(f"<li><code>{esc(r['variant'])}</code> {esc(r['dtype'])} {esc(r['shape_label'])}: {esc(r['status'])}:"
                         f" {esc(r['error'])}</li>" for r in problems)  # fmt: skip

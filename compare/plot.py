@@ -1,4 +1,5 @@
-"""Throughput against problem size, one line per variant, the measured limit drawn."""
+"""Throughput against problem size, one line per variant, the measured limit drawn (throughput.png); with
+--configs, each configuration of tk's kernel, one line per shape (configs.png)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _STYLE = {
     "compile": ("tab:orange", "s", "-"),
     "max-autotune": ("tab:red", "D", "-"),
     "tk": ("tab:green", "*", "-"),
+    "tk-plan": ("tab:olive", "P", "--"),
     "peer": ("tab:purple", "^", ":"),
 }
 
@@ -78,15 +80,58 @@ def throughput(doc: dict, path: Path) -> Path:
             ax.set_xticks(list(xpos.values()))
             ax.set_xticklabels(list(xpos), rotation=30, ha="right", fontsize=8)
             ax.minorticks_off()
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel((("FLOPs" if compute else "bytes moved") + " per call (shape)") if by_size else "shape (sweep order)")
-        ax.set_ylabel(unit)
-        ax.set_title(f"{doc['op']} {dtype}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        size = (("FLOPs" if compute else "bytes moved") + " per call (shape)") if by_size else "shape (sweep order)"
+        _frame(ax, f"{doc['op']} {dtype}", size, unit)
     device = doc["environment"].get("gpu") or "CPU, wall clock"
     note = "  (interpreted tk not plotted)" if doc["settings"]["device"] == "cpu" else ""
     fig.suptitle(f"{doc['op']}: throughput on {device}{note}", fontsize=11)
+    return _save(fig, path)
+
+
+def configurations(doc: dict, path: Path) -> Path:
+    """--configs: per dtype, each configuration of tk's kernel (x, in the op's order) against its throughput, or
+    its time where none has one (the interpreter's: no performance figure), a line per shape; failed ones as x at 0."""
+    records = doc["configs"]
+    metric = "tflops" if doc["bound"] == "compute" else "gbps"
+    if not any(r[metric] is not None for r in records):
+        metric = "median_ms"
+    dtypes = list(dict.fromkeys(r["dtype"] for r in records))
+    labels = list(dict.fromkeys(r["variant"] for r in records))
+    x = {label: i for i, label in enumerate(labels)}
+    width = max(6.0, 0.7 * len(labels) + 3)  # room for each configuration's label
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(width * len(dtypes), 4.6), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        recs = [r for r in records if r["dtype"] == dtype]
+        for shape in dict.fromkeys(r["shape_label"] for r in recs):
+            mine = [r for r in recs if r["shape_label"] == shape]
+            timed = [r for r in mine if r[metric] is not None]
+            (line,) = ax.plot([x[r["variant"]] for r in timed], [r[metric] for r in timed], "o-", lw=1.2, label=shape)
+            failed = [x[r["variant"]] for r in mine if r["status"] == "failed"]
+            if failed:
+                color = line.get_color()
+                ax.scatter(failed, [0] * len(failed), marker="x", s=80, color=color, label=f"{shape}: failed")
+        ax.set_xticks(list(x.values()))
+        ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
+        unit = RECORD_FIELDS[metric].unit + (" per call, median" if metric == "median_ms" else "")
+        _frame(ax, f"{doc['op']} {dtype}", "configuration", unit)
+    device = doc["environment"].get("gpu") or "CPU"
+    note = ": Triton's interpreter, wall clock, no performance figure" if doc["settings"]["device"] == "cpu" else ""
+    fig.suptitle(f"{doc['op']}: tk's kernel under each configuration on {device}{note}", fontsize=11)
+    return _save(fig, path)
+
+
+def _frame(ax, title: str, xlabel: str, ylabel: str) -> None:
+    """One panel's axes from 0, labels, grid, and its legend outside, on the right."""
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _save(fig, path: Path) -> Path:
+    """The figure written whole to ``path`` (a temporary file first: a reader never sees half a PNG)."""
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -25,7 +25,9 @@ The tables:
 * ``LARGEST``, ``LARGE``, ``SMALL``: summary.md's tables of tk against the
   fastest other variant (at each op's largest shape, at large shapes where
   tk is behind, at small shapes by CUDA-graph time); a field shown there is
-  tk's value, between the case's key columns and the comparison.
+  tk's value, between the case's key columns and the comparison;
+* ``CONFIGS``: a row per configuration of tk's kernel on a (dtype, shape)
+  (``--configs``: compare/configs.py), in report.md, report.html and on the terminal.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ RESULTS = "results"
 LARGEST = "largest shapes"
 LARGE = "large cases"
 SMALL = "small cases"
+CONFIGS = "configurations"
 
 NONE = type(None)
 
@@ -210,6 +213,15 @@ def _limit_title(view: TableView) -> str:
     return "% of " + ("matmul" if view.bound == "compute" else "copy")
 
 
+def _compute_bound(view: TableView) -> bool:
+    """The configurations table shows the throughput the op is judged by: TFLOP/s, or GB/s (memory-bound)."""
+    return view.bound == "compute"
+
+
+def _memory_bound(view: TableView) -> bool:
+    return not _compute_bound(view)
+
+
 # --------------------------------------------------------------------------
 # The fields, in the order of results.csv and of a record in results.json.
 # --------------------------------------------------------------------------
@@ -220,13 +232,15 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("shape", (list,), "the spec's shape tuple (CSV: dims joined by 'x')",
           csv=lambda dims: "x".join(str(d) for d in dims)),
     Field("shape_label", (str,), "the spec's label for the shape"),
-    Field("variant", (str,), "eager, eager-unfused, compile, compile-max-autotune, tk, a peer...",
-          columns=(Column(RESULTS, "variant", 10, cell=_variant_cell),)),
-    Field("kind", (str,), "eager | unfused | compile | max-autotune | tk | peer"),
+    Field("variant", (str,), "eager, eager-unfused, compile, compile-max-autotune, tk, a peer...; in results.json's "
+          "configs, a configuration of tk's kernel (--configs)",
+          columns=(Column(RESULTS, "variant", 10, cell=_variant_cell),
+                   Column(CONFIGS, "configuration", 10, cell=_variant_cell))),
+    Field("kind", (str,), "eager | unfused | compile | max-autotune | tk | tk-plan | compile-tk | peer"),
     Field("status", (str,), "ok | wrong | failed | skipped", default="failed",
-          columns=(Column(RESULTS, "status", 20, cell=_status_cell),)),
+          columns=(Column(RESULTS, "status", 20, cell=_status_cell), Column(CONFIGS, "status", 20, cell=_status_cell))),
     Field("error", (str, NONE), "why failed/wrong/skipped, with the stage that failed",
-          columns=(Column(RESULTS, "note", 140, cell=_note_cell),)),
+          columns=(Column(RESULTS, "note", 140, cell=_note_cell), Column(CONFIGS, "note", 140, cell=_note_cell))),
     Field("interpreted", (bool,), "true when the kernels ran in Triton's interpreter (tk on CPU)"),
     Field("device", (str,), "cuda | cpu"),
     Field("timing_method", (str,), "how the times were taken"),
@@ -237,14 +251,15 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
     Field("rounding_error", (float, int, NONE),
           "relative norm error of the float64 answer rounded to the dtype: no variant can do better"),
     Field("rel_error", (float, int, NONE), "||out - ref64|| / ||ref64||", fmt=fmt_error,
-          columns=(Column(RESULTS, "rel. error", 130),)),
+          columns=(Column(RESULTS, "rel. error", 130), Column(CONFIGS, "rel. error", 130))),
     Field("max_abs_error", (float, int, NONE), "max |out - ref64|"),
     Field("first_call_ms", (float, NONE), "the first call, with compile/autotune/JIT, device synchronized", unit="ms",
-          fmt=fmt_time, columns=(Column(RESULTS, "first call", 50),)),
+          fmt=fmt_time, columns=(Column(RESULTS, "first call", 50), Column(CONFIGS, "first call", 50))),
     Field("median_ms", (float, NONE), "steady-state median per call", unit="ms", fmt=fmt_time,
-          columns=(Column(RESULTS, "median", 30, cell=_median_cell),)),
+          columns=(Column(RESULTS, "median", 30, cell=_median_cell), Column(CONFIGS, "median", 30, cell=_median_cell))),
     Field("p20_ms", (float, NONE), "20th percentile", unit="ms", fmt=fmt_time,
-          columns=(Column(RESULTS, "p20-p80", 40, cell=_spread_cell),)),  # the column shows p80_ms too
+          columns=(Column(RESULTS, "p20-p80", 40, cell=_spread_cell),
+                   Column(CONFIGS, "p20-p80", 40, cell=_spread_cell))),  # the columns show p80_ms too
     Field("p80_ms", (float, NONE), "80th percentile", unit="ms", fmt=fmt_time),
     Field("samples", (int,), "timed calls behind the quantiles", default=0),
     Field("cudagraph_ms", (float, NONE), "CUDA-graph replay time per call (small calls on a GPU)", unit="ms",
@@ -252,13 +267,16 @@ RECORD_FIELDS: dict[str, Field] = {field.name: field for field in (
           columns=(Column(RESULTS, "CUDA graph (vs eager)", 60, cell=_graph_cell, shown=lambda view: view.graph_times),
                    Column(SMALL, "tk µs", 10, cell=lambda r, view: fmt_microseconds(r["cudagraph_ms"])))),
     Field("gbps", (float, NONE), "bytes / median, GB/s", unit="GB/s", fmt=fmt_number,
-          columns=(Column(RESULTS, "GB/s", 70, cell=_noisy_cell("gbps", fmt_number)),)),
+          columns=(Column(RESULTS, "GB/s", 70, cell=_noisy_cell("gbps", fmt_number)),
+                   Column(CONFIGS, "GB/s", 70, cell=_noisy_cell("gbps", fmt_number), shown=_memory_bound))),
     Field("tflops", (float, NONE), "flops / median, TFLOP/s", unit="TFLOP/s", fmt=fmt_number,
-          columns=(Column(RESULTS, "TFLOP/s", 80, cell=_noisy_cell("tflops", fmt_number)),)),
+          columns=(Column(RESULTS, "TFLOP/s", 80, cell=_noisy_cell("tflops", fmt_number)),
+                   Column(CONFIGS, "TFLOP/s", 80, cell=_noisy_cell("tflops", fmt_number), shown=_compute_bound))),
     Field("limit_share", (float, NONE),
           "GB/s over measured copy bandwidth (memory-bound) or TFLOP/s over measured matmul (compute-bound)",
           fmt=fmt_share,
           columns=(Column(RESULTS, _limit_title, 90, cell=share_cell),
+                   Column(CONFIGS, _limit_title, 90, cell=share_cell),
                    Column(LARGEST, "tk % of limit", 10, cell=share_cell),
                    Column(LARGE, "tk % of limit", 10, cell=share_cell))),
     Field("speedup_vs_eager", (float, NONE), "eager median / this median", unit="x", fmt=fmt_ratio,

@@ -13,9 +13,10 @@ from tabulate import tabulate
 
 from . import breakdown
 from .formats import device_label, fmt_bytes, fmt_time
-from .record import RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups, titles
+from .record import CONFIGS, RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups, titles
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
+CONFIGS_PNG_NAME = "configs.png"
 
 
 # --------------------------------------------------------------------------
@@ -23,10 +24,11 @@ JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.
 # --------------------------------------------------------------------------
 
 
-def table_rows(records: list[dict], bound: str) -> tuple[list[str], list[list[str]]]:
-    """The results table of one (dtype, shape): the titles, and a row per variant (see record.py)."""
+def table_rows(records: list[dict], bound: str, table: str = RESULTS) -> tuple[list[str], list[list[str]]]:
+    """The results table of one (dtype, shape), or its ``CONFIGS`` table: the titles, and a row per variant (per
+    configuration of tk's kernel; see record.py)."""
     view = TableView.of(records, bound)
-    return titles(RESULTS, view), [cells(RESULTS, r, view) for r in records]
+    return titles(table, view), [cells(table, r, view) for r in records]
 
 
 def group_title(op: str, dtype: str, label: str, records: list[dict]) -> str:
@@ -35,11 +37,12 @@ def group_title(op: str, dtype: str, label: str, records: list[dict]) -> str:
 
 def terminal_tables(doc: dict) -> str:
     parts = [f"{doc['op']}: {doc['call']}", ""] if doc.get("call") else []
-    for dtype, label, recs in groups(doc["records"]):
-        headers, rows = table_rows(recs, doc["bound"])
-        parts.append(group_title(doc["op"], dtype, label, recs))
-        parts.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
-        parts.append("")
+    for table, key in ((RESULTS, "records"), (CONFIGS, "configs")):
+        for dtype, label, recs in groups(doc.get(key, [])):
+            headers, rows = table_rows(recs, doc["bound"], table)
+            parts.append(group_title(doc["op"], dtype, label, recs) + (" | configurations" if table == CONFIGS else ""))
+            parts.append(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+            parts.append("")
     parts.append(legend(doc))
     return "\n".join(parts)
 
@@ -47,7 +50,7 @@ def terminal_tables(doc: dict) -> str:
 def legend(doc: dict) -> str:
     device = doc["settings"]["device"]
     lines = ["* best correct variant; (!) output outside the tolerance, time shown for information."]
-    lines += flag_legend([r for r in doc["records"] if r["status"] != "skipped"])
+    lines += flag_legend([r for r in doc["records"] + doc.get("configs", []) if r["status"] != "skipped"])
     if device == "cpu":
         lines.append(
             "CPU: times are wall clock, not device events; tk runs in Triton's interpreter there (numpy),"
@@ -152,7 +155,7 @@ def _profile_lines(doc: dict, folder: Path | None) -> list[str]:
     return out
 
 
-def markdown(doc: dict, png_name: str | None, folder: Path | None = None) -> str:
+def markdown(doc: dict, png_name: str | None, folder: Path | None = None, configs_png: str | None = None) -> str:
     s = doc["settings"]
     out = [f"# {doc['op']}: tk against eager and torch.compile", ""]
     if doc.get("call"):
@@ -189,10 +192,11 @@ def markdown(doc: dict, png_name: str | None, folder: Path | None = None) -> str
         if clocks:
             out += ["", f"SM clock after timing: {', '.join(f'{c:.0f}' for c in sorted(clocks))} MHz"]
         out.append("")
+    out += _configs_lines(doc, configs_png)
     out += [legend(doc), ""]
     out += breakdown.markdown_section(doc)  # many-kernel calls (a model's step): each variant's top kernels
     out += _profile_lines(doc, folder)
-    problems = [r for r in doc["records"] if r["status"] in ("failed", "wrong")]
+    problems = [r for r in doc["records"] + doc.get("configs", []) if r["status"] in ("failed", "wrong")]
     if problems:
         out += ["## Failures and wrong results", ""]
         for r in problems:
@@ -202,9 +206,35 @@ def markdown(doc: dict, png_name: str | None, folder: Path | None = None) -> str
     return "\n".join(out)
 
 
-def write_markdown(doc: dict, folder: Path, png_name: str | None) -> Path:
+def configs_intro(doc: dict) -> list[str]:
+    """What the configurations tables are, and on a CPU what their times are not (report.md and report.html)."""
+    lines = ["tk's kernel under each configuration its op declares, on the same inputs as the variants: checked"
+             " against the float64 answer and timed the same way; * the fastest correct one."]  # fmt: skip
+    if doc["settings"]["device"] == "cpu":
+        lines.append("CPU run: each configuration ran in Triton's interpreter (which ignores warps and stages):"
+                     " its time is shown, but is no performance figure.")  # fmt: skip
+    return lines
+
+
+def _configs_lines(doc: dict, png_name: str | None) -> list[str]:
+    """report.md's section of --configs: each configuration of tk's kernel, per (dtype, shape)."""
+    if not doc.get("configs"):
+        return []
+    out = ["## Kernel configurations (--configs)", ""]
+    for line in configs_intro(doc):
+        out += [line, ""]
+    if png_name:
+        out += [f"![configurations]({png_name})", ""]
+    for dtype, label, recs in groups(doc["configs"]):
+        headers, rows = table_rows(recs, doc["bound"], CONFIGS)
+        out += [f"### {group_title(doc['op'], dtype, label, recs)}", ""]
+        out += [tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    return out
+
+
+def write_markdown(doc: dict, folder: Path, png_name: str | None, configs_png: str | None = None) -> Path:
     path = folder / MD_NAME
-    _write_atomic(path, markdown(doc, png_name, folder))
+    _write_atomic(path, markdown(doc, png_name, folder, configs_png))
     return path
 
 
@@ -213,9 +243,14 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
     from . import plot
 
     files = {"json": write_json(doc, folder), "csv": write_csv(doc, folder)}
-    try:
-        files["png"] = plot.throughput(doc, folder / PNG_NAME)
-    except Exception as e:  # noqa: BLE001
-        doc.setdefault("notes", []).append(f"plot not drawn: {type(e).__name__}: {e}")
-    files["md"] = write_markdown(doc, folder, PNG_NAME if "png" in files else None)
+    drawings = [("png", plot.throughput, PNG_NAME)]
+    if doc.get("configs"):
+        drawings.append(("configs_png", plot.configurations, CONFIGS_PNG_NAME))
+    for key, draw, name in drawings:
+        try:
+            files[key] = draw(doc, folder / name)
+        except Exception as e:  # noqa: BLE001
+            doc.setdefault("notes", []).append(f"plot {name} not drawn: {type(e).__name__}: {e}")
+    configs_png = CONFIGS_PNG_NAME if "configs_png" in files else None
+    files["md"] = write_markdown(doc, folder, PNG_NAME if "png" in files else None, configs_png)
     return files

@@ -32,7 +32,7 @@ import torch
 from . import environment, kernels, limits as limits_mod, profiling, timing
 from .progress import long_step
 from .record import ABOVE_LIMIT, NOISY, NOISY_COMPILE, NOISY_EAGER, NOISY_GRAPH, UNSTABLE_LIMIT, new_record
-from .variants import Variant, VariantSkipped
+from .variants import TK_KINDS, Variant, VariantSkipped
 
 # Steady-state time under which every variant also gets its CUDA-graph replay
 # time.  do_bench's L2 flush hides a call's host time only while the flush
@@ -53,6 +53,7 @@ class Settings:
     profile_dir: Path | None = None  # where they go: the op's profile/ folder, set per op
     ir: bool | None = None  # --ir / --no-ir: tk's compiled levels per case (None: on a GPU only)
     ncu: bool = False  # --ncu: Nsight Compute over the sweep's first case (ncu.py)
+    configs: bool = False  # --configs: each case again under every configuration of tk's kernel (configs.py)
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Case:
     stage: str = "build"  # what it is doing (a failure's record names it)
 
 
-def _error_text(stage: str, exc: BaseException) -> str:
+def error_text(stage: str, exc: BaseException) -> str:
     text = f"{stage}: {type(exc).__name__}: {exc}".strip()
     first_lines = text.splitlines()[:6]
     return "\n".join(first_lines)[:2000]
@@ -186,7 +187,7 @@ def _why_slow(v: Variant) -> str:
     """What a long first call of ``v`` is busy with."""
     if v.compiled:
         return "torch.compile: Dynamo, Inductor and Triton compiling; Inductor and Triton keep what they build on disk"
-    if v.kind in ("tk", "compile-tk"):
+    if v.kind in TK_KINDS:
         return "Triton compiling the kernels (kept on disk for the next run) and autotuning those that autotune"
     return "the first call"
 
@@ -254,9 +255,9 @@ def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings,
         rec["status"], rec["error"], case.fn = "skipped", str(e), None
     except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
         if case.stage in ("kernel count", "peak memory", "profile"):  # the variant itself works: keep it, note what failed
-            rec["error"] = _error_text(case.stage, e)
+            rec["error"] = error_text(case.stage, e)
         else:
-            rec["status"], rec["error"], case.fn = "failed", _error_text(case.stage, e), None
+            rec["status"], rec["error"], case.fn = "failed", error_text(case.stage, e), None
             rec["traceback"] = traceback.format_exc(limit=-8)[-4000:]
         _free(device)
 
@@ -274,7 +275,7 @@ def _time(cases: list[Case], args, settings: Settings, progress) -> None:
                 with profiling.timed_region(f"{case.variant.name} {rec['dtype']} {rec['shape_label']}", device):
                     case.samples.add(timing.bench(case.fn, args, device, settings.rep_ms))
             except Exception as e:  # noqa: BLE001
-                case.record["status"], case.record["error"] = "failed", _error_text("timing", e)
+                case.record["status"], case.record["error"] = "failed", error_text("timing", e)
                 case.fn = None
                 _free(device)
     timed = [c for c in cases if c.fn is not None and c.samples.ms]
@@ -406,7 +407,7 @@ def sweep_case(spec, variants, dtype, shape, settings: Settings, limits: dict, p
         expected = reference64(spec, args, device)
     except Exception as e:  # noqa: BLE001
         for c in cases:
-            c.record["error"] = _error_text("inputs", e)
+            c.record["error"] = error_text("inputs", e)
             if c.variant.kind == "peer":  # a peer that is not installed stays "skipped"
                 try:
                     c.variant.build(device)

@@ -13,6 +13,8 @@ Version 1.  Top level::
     limits           method, copy {gbps, bytes, ms} or null, matmul {dtype: {tflops, n, ms}}, errors [...]
     skipped          [{variant, reason}]: peers that are not installed
     records          one per (dtype, shape, variant): the fields declared in record.py, in that order
+    configs          (with --configs) one record per (dtype, shape, configuration of tk's kernel), the same
+                     fields; ``variant`` names the configuration (compare/configs.py)
 
 A record's ``status`` is ``ok`` (output within the tolerance), ``wrong``
 (it ran, its output is not within the tolerance: its times are kept but
@@ -38,7 +40,7 @@ def validate(doc: dict) -> list[str]:
     problems = [f"missing top-level field {k!r}" for k in TOP_FIELDS if k not in doc]
     if doc.get("schema") != SCHEMA or doc.get("schema_version") != SCHEMA_VERSION:
         problems.append(f"schema is {doc.get('schema')!r} v{doc.get('schema_version')!r}, expected {SCHEMA!r} v{SCHEMA_VERSION}")
-    for i, rec in enumerate(doc.get("records", [])):
+    for i, rec in enumerate(doc.get("records", []) + doc.get("configs", [])):
         for name, field in RECORD_FIELDS.items():
             if name not in rec:
                 problems.append(f"record {i}: missing {name!r}")

@@ -89,6 +89,7 @@ def new_doc(
             "workers": workers,
             "profile": settings.profile,
             "ir": bool(capture) and (settings.ir if settings.ir is not None else settings.device.type == "cuda"),
+            "configs": settings.configs,
         },
         "environment": env,
         "limits": lim,
@@ -118,12 +119,13 @@ class Run:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def partial_saver(self, doc: dict) -> Callable[[list[dict]], None]:
-        """A callback that adds a case's records to ``doc`` and saves results.json: a crash keeps them."""
+    def partial_saver(self, doc: dict, key: str = "records") -> Callable[[list[dict]], None]:
+        """A callback that adds a case's records to ``doc[key]`` and saves results.json: a crash keeps them."""
         op_dir = self.op_dir(doc["op"])
+        doc.setdefault(key, [])
 
         def save(found: list[dict]) -> None:
-            doc["records"].extend(found)
+            doc[key].extend(found)
             try:
                 report.write_json(doc, op_dir)
             except OSError as e:  # a full disk must not stop the sweep; the final write reports it
@@ -264,6 +266,10 @@ def run_op(sweep: Sweep, run: Run, settings: runner.Settings, env: dict, lim: di
     try:
         runner.sweep(sweep.spec, sweep.variants, sweep.dtypes, sweep.shapes, settings, lim, run.progress,
                      on_records=run.partial_saver(doc))  # fmt: skip
+        if settings.configs:
+            from . import configs
+
+            configs.sweep(sweep, settings, lim, run.progress, on_records=run.partial_saver(doc, "configs"))
         if settings.ncu:
             from . import ncu
 

@@ -98,10 +98,15 @@ def _timed(r: dict) -> bool:
     return r["status"] == "ok" and r["median_ms"] is not None and not r["interpreted"]
 
 
+def _rival(r: dict) -> bool:
+    """A variant tk is judged against: neither tk nor tk under another plan (a lesson beside tk, not a rival)."""
+    return r["kind"] not in ("tk", "tk-plan")
+
+
 def compare_case(records: list[dict]) -> dict | None:
     """tk against the others at one shape: None when tk or every other variant has no time."""
     tk = next((r for r in records if r["kind"] == "tk" and _timed(r)), None)
-    others = [r for r in records if r["kind"] != "tk" and _timed(r)]
+    others = [r for r in records if _rival(r) and _timed(r)]
     if tk is None or not others:
         return None
     best = min(others, key=lambda r: r["median_ms"])
@@ -127,7 +132,7 @@ def judged_case(records: list[dict]) -> dict | None:
     otherwise.  None when tk or every other variant has no time."""
     tk = next((r for r in records if r["kind"] == "tk" and _timed(r)), None)
     if tk is not None and tk["bytes"] < LARGE_BYTES and _graphed(tk):
-        others = [r for r in records if r["kind"] != "tk" and _graphed(r)]
+        others = [r for r in records if _rival(r) and _graphed(r)]
         if others:
             best = min(others, key=lambda r: r["cudagraph_ms"])
             ratio = best["cudagraph_ms"] / tk["cudagraph_ms"]
@@ -237,7 +242,7 @@ def small_cases(merged: dict) -> tuple[int, list[list[str]]]:
     for (op, dtype), records in sorted(merged.items()):
         for label, shape_records in _shapes(records).items():
             tk = next((r for r in shape_records if r["kind"] == "tk" and _graphed(r)), None)
-            others = [r for r in shape_records if r["kind"] != "tk" and _graphed(r)]
+            others = [r for r in shape_records if _rival(r) and _graphed(r)]
             if tk is None or not others or tk["bytes"] >= LARGE_BYTES:
                 continue
             count += 1

@@ -1,7 +1,7 @@
 """The variants of one op: everything that computes it, built from its spec.
 
 Nothing here knows an op by name: the list comes from the spec's fields
-(``reference``, ``unfused``, ``tk``, ``peers``), so a new op in ``ops/`` is
+(``reference``, ``unfused``, ``tk``, ``tk_plans``, ``peers``), so a new op in ``ops/`` is
 compared without touching this package.
 
 Kinds, in the order they appear in reports:
@@ -12,6 +12,8 @@ Kinds, in the order they appear in reports:
                      default mode;
 * ``max-autotune``   the same with ``mode="max-autotune-no-cudagraphs"`` (opt-in);
 * ``tk``             the hand-written Triton op;
+* ``tk-plan``        its kernels under another plan than the op's choice (``spec.tk_plans``): what one
+                     design choice is worth (matmul's row-major program order), a lesson beside tk, not a rival;
 * ``compile-tk``     ``torch.compile`` of ``spec.tk``, where the spec asks for it
                      (a model built from tk ops: what Inductor adds around them);
 * ``peer``           another library's op, when it imports and runs on the device (``spec.peers``, ``spec.peer_devices``).
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("eager", "unfused", "compile", "max-autotune", "tk", "compile-tk", "peer")
+KINDS = ("eager", "unfused", "compile", "max-autotune", "tk", "tk-plan", "compile-tk", "peer")
+TK_KINDS = ("tk", "tk-plan", "compile-tk")  # the kinds that run tk's kernels: in Triton's interpreter on a CPU
 
 
 class VariantSkipped(Exception):
@@ -46,7 +49,7 @@ class Variant:
 
     def interpreted(self, device: torch.device) -> bool:
         """tk on a CPU runs in Triton's interpreter: its time is no performance figure."""
-        return self.kind in ("tk", "compile-tk") and device.type != "cuda"
+        return self.kind in TK_KINDS and device.type != "cuda"
 
     def build(self, device: torch.device) -> Callable:
         """The callable to time.  Compiled variants get a fresh ``torch.compile``
@@ -87,6 +90,7 @@ def all_variants(spec, max_autotune: bool = False) -> list[Variant]:
             name = prefix if eager_name == "eager" else _compiled_name(prefix, eager_name)
             out.append(Variant(name, kind, fn, compile_mode=mode))
     out.append(Variant("tk", "tk", spec.tk))
+    out += [Variant(name, "tk-plan", fn) for name, fn in spec.tk_plans.items()]
     if spec.compile_tk:
         out.append(Variant("compile-tk", "compile-tk", spec.tk, compile_mode="default"))
     out += [Variant(name, "peer", None, peer_loader=loader, peer_devices=spec.peer_devices) for name, loader in spec.peers.items()]

@@ -32,6 +32,13 @@ class OpSpec:
     dtypes: tuple = (torch.bfloat16, torch.float16, torch.float32)
     bound: str = "memory"  # "memory": judged against copy bandwidth; "compute": against cuBLAS
     unfused: dict[str, Callable] = field(default_factory=dict)  # hand-written compositions
+    # tk's own kernels under another plan than the op's choice, by name: what one design choice is worth, timed
+    # beside tk (matmul's row-major program order against its grouped one).
+    tk_plans: dict[str, Callable] = field(default_factory=dict)
+    # The configurations of tk's kernel for `--configs` (block sizes, warps, stages: its autotuner's candidates),
+    # given one case's inputs: label -> a call of tk under that configuration, taking the same inputs (and not
+    # keeping these: the harness makes them again).  None: the op has no configurable kernel.
+    configs: Callable[..., dict[str, Callable]] | None = None
     peers: dict[str, Callable[[], Callable]] = field(default_factory=dict)  # name -> loader (may raise ImportError)
     peer_devices: tuple[str, ...] = ("cuda",)  # where the peers run (Liger's are Triton kernels for CUDA only)
     reference64: Callable | None = None  # float64 reference if `reference` cannot take float64 inputs

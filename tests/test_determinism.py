@@ -34,6 +34,7 @@ import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.cross_entropy.op import cross_entropy_with_tuning
 from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
 from ops.matmul import kernels as matmul_module
+from ops.matmul.plan import TUNING as MATMUL_TUNING
 from ops.runtime import launcher
 from ops.runtime.device import set_scratch_allocator, sm_count, tma_available
 from ops.softmax.plan import TUNING as SOFTMAX_TUNING
@@ -239,7 +240,7 @@ def test_the_check_catches_an_element_left_unwritten():
 
 # The interpreter runs any tile shape: a few, to check the bound on the CPU too.
 CPU_CONFIGS = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=4, num_stages=1)
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=4, num_stages=1)
     for m, n, k in [(64, 64, 64), (32, 32, 32), (16, 64, 16), (64, 32, 128)]
 ]
 
@@ -248,7 +249,7 @@ def _matmul_with(config, a, b):
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    meta = config.kwargs
+    meta = {**config.kwargs, "GROUP_M": MATMUL_TUNING.group_m}  # the program order is the plan's, not a config's
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)
@@ -296,7 +297,7 @@ def _matmul_tma_with(config, a, b):
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty(M, N, device=a.device, dtype=a.dtype)
-    meta = config.kwargs
+    meta = {**config.kwargs, "GROUP_M": MATMUL_TUNING.group_m}
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     set_scratch_allocator()
     matmul_module.matmul_tma_kernel[(min(tiles, sm_count(a.device.index)),)](

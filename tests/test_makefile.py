@@ -29,16 +29,17 @@ def test_an_unknown_setting_is_refused_with_the_valid_ones(setting, suggestion):
 
 @pytest.mark.parametrize("value", ["1", "true", "yes", "on", "TRUE"])
 def test_the_obvious_spellings_of_yes_are_accepted(value):
-    done = make("compare", "OP=softmax", f"QUICK={value}", f"MAX_AUTOTUNE={value}")
+    done = make("compare", "OP=softmax", f"QUICK={value}", f"MAX_AUTOTUNE={value}", f"CONFIGS={value}")
     assert done.returncode == 0, done.stderr
-    assert "--op softmax" in done.stdout and "--quick" in done.stdout and "--max-autotune" in done.stdout
+    for flag in ("--op softmax", "--quick", "--max-autotune", "--configs"):
+        assert flag in done.stdout
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
 def test_the_obvious_spellings_of_no_are_accepted(value):
-    done = make("compare", f"QUICK={value}")
+    done = make("compare", f"QUICK={value}", f"CONFIGS={value}")
     assert done.returncode == 0, done.stderr
-    assert "--quick" not in done.stdout
+    assert "--quick" not in done.stdout and "--configs" not in done.stdout
 
 
 def test_a_setting_that_is_neither_yes_nor_no_is_refused():

@@ -46,7 +46,7 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         slice_stride = c.numel()
     # c is new and contiguous, so each workspace slice has c's strides.
     strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
-    flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands}
+    flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands, "GROUP_M": plan.group_m}
     if plan.tile is None:  # the autotuner picks the tile
 
         def grid(meta):
@@ -55,7 +55,8 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         launcher(matmul_kernel_autotuned, a)[grid](a, b, out, M, N, K, *strides, **flags)
     else:
         grid = (cdiv(M, plan.tile.block_m) * cdiv(N, plan.tile.block_n), batch, split)
-        launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **plan.tile.constexprs())
+        tile = {**plan.tile.constexprs(), **plan.tile.options()}
+        launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **tile)
     if split > 1:
         _sum_slices(plan, out, c)
 
@@ -72,16 +73,18 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
     args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
+    flags.update(UPCAST_OPERANDS=plan.upcast_operands, GROUP_M=plan.group_m)
 
     def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles
         return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
 
-    if plan.tile is None:  # the autotuner picks the tile; the kernel's descriptors need Triton's scratch memory
+    if a.device.type == "cuda":  # the kernel's descriptors need Triton's scratch memory there
         set_scratch_allocator()
-        launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags, UPCAST_OPERANDS=plan.upcast_operands)
+    if plan.tile is None:  # the autotuner picks the tile
+        launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags)
     else:
         tile = plan.tile.constexprs()
         launcher(matmul_tma_kernel, a)[grid(tile)](
-            *args, **flags, UPCAST_OPERANDS=plan.upcast_operands, STORE_HALVES=plan.store_halves,
-            WARP_SPECIALIZE=plan.warp_specialize, **tile,
+            *args, **flags, STORE_HALVES=plan.store_halves, WARP_SPECIALIZE=plan.warp_specialize, **tile,
+            **plan.tile.options(),
         )  # fmt: skip

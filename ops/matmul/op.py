@@ -7,6 +7,8 @@ Grouped ("swizzled") program order: programs are numbered so that GROUP_M
 consecutive programs cover a column of tiles before moving right.  Programs
 that run at the same time then share the same B tiles and a few A tiles in
 L2, instead of each streaming its own row of A and a whole sweep of B.
+GROUP_M is the plan's (``Tuning.group_m``); the harness times row-major
+order (GROUP_M = 1) beside it as the variant ``tk-row-major``.
 
 Split K: when C has too few tiles to fill the GPU (a handful of rows, as in
 decoding, or the small weight gradients of a training step, whose K is the

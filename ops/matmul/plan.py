@@ -34,15 +34,20 @@ TMA_ALIGNMENT = 16
 
 @dataclass(frozen=True)
 class Tile:
-    """A fixed launch tile: C in BLOCK_M x BLOCK_N tiles, K walked BLOCK_K at a time, GROUP_M rows of tiles a group."""
+    """A fixed launch tile: C in BLOCK_M x BLOCK_N tiles, K walked BLOCK_K at a time, by programs of `warps` warps
+    that pipeline `stages` K steps (one of the autotuner's configs, fixed: the harness's --configs sweep)."""
 
     block_m: int
     block_n: int
     block_k: int
-    group_m: int = 8  # as in every autotuned config (kernels.py)
+    warps: int = 4  # Triton's defaults; the interpreter ignores both
+    stages: int = 3
 
     def constexprs(self) -> dict:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k}
+
+    def options(self) -> dict:
+        return {"num_warps": self.warps, "num_stages": self.stages}
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ class Tuning:
     # warp specialization is a GPU compiler's choice, which the interpreter's plain loop does not have.
     interpreter_store_halves: bool = True
     interpreter_warp_specialize: bool = False
+
+    # Grouped program order (op.py's docstring): GROUP_M rows of tiles a group, so that programs running at once
+    # share B's tiles and a few of A's in L2.  Every launch takes it, fixed tile or autotuned; 1 is row-major
+    # order, which the harness times beside it (the tk-row-major variant: the lesson of Triton's matmul tutorial).
+    group_m: int = 8
 
     # Split K (docs/perf-notes.md, version 6): split when C has at most half as many tiles as the GPU has SMs,
     # counted with the tile the autotuner picks for small problems (64x128; 32 tiles at M16xN4096).
@@ -147,6 +157,7 @@ class Plan:
     batch: int
     tile: Tile | None = None  # a fixed tile (the interpreter); None: the autotuner picks one of kernels.py's configs
     upcast_operands: bool = False  # bfloat16 in the interpreter (see Tuning.interpreter_tile)
+    group_m: int = 8  # rows of tiles a group in the programs' order (Tuning.group_m; 1: row-major)
     # The pointer kernel.
     allow_tf32: bool = False
     split: int = 1  # slices of K (1: not split), each a program of the grid's third axis
@@ -255,6 +266,7 @@ def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
         design, shape, meta.M, meta.N, meta.K, meta.batch,
         tile=tuning.interpreter_tile if interpreted else None,
         upcast_operands=interpreted and meta.dtype == torch.bfloat16,
+        group_m=tuning.group_m,
         **launch,
     )  # fmt: skip
 

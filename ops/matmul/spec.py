@@ -1,8 +1,16 @@
 """What the comparison harness reads about matmul."""
 
-import torch
+from dataclasses import replace
 
+import torch
+import triton
+
+from ..runtime import run_direct
 from ..spec import OpSpec, model, register_spec
+from .kernels import CONFIGS, TMA_CONFIGS
+from .launch import run
+from .op import forward
+from .plan import POINTER, TMA, TUNING, Plan, Tile, Tuning, choose_plan, describe
 
 # --------------------------------------------------------------------------
 # What the comparison harness reads.
@@ -33,10 +41,54 @@ def _real_shapes() -> list[tuple]:
 
 REAL_SHAPES = _real_shapes()
 
+# Programs in row-major order (GROUP_M = 1), timed beside tk's grouped order: the L2 lesson of Triton's matmul
+# tutorial (op.py's docstring).  The same kernels and tile rule; only the order of the tiles differs.
+ROW_MAJOR = replace(TUNING, group_m=1)
+
+
+def _planned(tuning: Tuning):
+    """tk.matmul planned with `tuning`, launched as an eager call of the registered op launches."""
+    return lambda a, b: run_direct(forward, (a, b), {"tuning": tuning})
+
+
+# --configs: the autotuner's candidates for the design a call takes, each with its tile fixed.
+CANDIDATES = {POINTER: CONFIGS, TMA: TMA_CONFIGS}
+
+
+def config_label(config: triton.Config) -> str:
+    """BLOCK_M x BLOCK_N x BLOCK_K, warps, stages, and the TMA kernel's flags where set: `128x256x64 w8 s3 halves`."""
+    meta = config.kwargs
+    flags = [name for name, key in (("halves", "STORE_HALVES"), ("ws", "WARP_SPECIALIZE")) if meta.get(key)]
+    tile = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} w{config.num_warps} s{config.num_stages}"
+    return " ".join([tile, *flags])
+
+
+def with_config(plan: Plan, config: triton.Config) -> Plan:
+    """`plan` with `config`'s tile fixed instead of left to the autotuner (the TMA kernel: its flags too)."""
+    meta = config.kwargs
+    tile = Tile(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], warps=config.num_warps, stages=config.num_stages)
+    if plan.design == TMA:
+        return replace(plan, tile=tile, store_halves=meta["STORE_HALVES"], warp_specialize=meta["WARP_SPECIALIZE"])
+    return replace(plan, tile=tile)
+
+
+def _configs(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """label -> a @ b under each candidate of the design the call's plan takes (none for an empty C).  On a CPU
+    the interpreter runs each tile, ignoring warps and stages."""
+    plan = choose_plan(describe(a, b))
+    return {config_label(c): _run_planned(with_config(plan, c)) for c in CANDIDATES.get(plan.design, [])}
+
+
+def _run_planned(plan: Plan):
+    return lambda a, b: run_direct(run, (plan, a, b), {})
+
+
 register_spec(
     OpSpec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
+        tk_plans={"tk-row-major": _planned(ROW_MAJOR)},
+        configs=_configs,
         reference=torch.matmul,
         make_inputs=_make_inputs,
         bytes_moved=_bytes,

@@ -333,6 +333,19 @@ def test_variants_come_from_the_spec_only():
         "compile", "compile-raises", "compile-wrong", "compile-flaky", "tk"]  # fmt: skip
 
 
+def test_a_tk_plan_variant_is_checked_and_interpreted_as_tk(tmp_path):
+    """matmul's tk-row-major (tk's kernels in row-major program order), on a shape of 3 x 2 tiles cut at every edge:
+    checked against float64 as every variant, and on a CPU interpreted as tk is (timed; no throughput; never best).
+    The kind tk does not select it."""
+    assert run(tmp_path, "--op", "matmul", "--variants", "eager,tk,tk-plan", "--shapes", "130x66x100") == 0
+    doc = check_files_consistent(tmp_path, "matmul")
+    row_major = records(doc, variant="tk-row-major")[0]
+    assert row_major["kind"] == "tk-plan" and row_major["status"] == "ok"
+    assert 0 < row_major["rel_error"] <= ops.SPECS["matmul"].tolerance[torch.float32]
+    assert row_major["interpreted"] and row_major["median_ms"] > 0 and row_major["tflops"] is None and not row_major["best"]
+    assert [v.name for v in select(all_variants(ops.SPECS["matmul"]), ["tk"])] == ["tk"]
+
+
 def test_relative_error():
     ref = [torch.tensor([3.0, 4.0], dtype=torch.float64)]
     assert runner.errors(torch.tensor([3.0, 4.0]), ref) == (0.0, 0.0)

@@ -37,6 +37,14 @@ def test_tk_against_the_fastest_other_variant():
     assert summary.compare_case([rec("tk", 0.2), rec("eager", None, status="failed")]) is None  # nothing to compare with
 
 
+def test_tk_under_another_plan_is_no_rival():
+    """A tk-plan variant (tk's kernels under another plan, a lesson beside tk) is never what tk is judged against."""
+    records = [rec("eager", 0.30, graph_ms=0.2), rec("tk", 0.20, graph_ms=0.1),
+               rec("tk-row-major", 0.10, kind="tk-plan", graph_ms=0.05)]  # fmt: skip
+    assert summary.compare_case(records)["best"]["variant"] == "eager"
+    assert summary.judged_case([{**r, "bytes": MB} for r in records])["best"]["variant"] == "eager"  # by CUDA graph
+
+
 def test_large_cases_behind_the_fastest_are_listed_and_counted():
     records = [
         rec("eager", 1.00, shape="a"), rec("tk", 1.01, shape="a"),  # 1% behind: level

@@ -10,10 +10,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from reference import DEVICES, assert_close, leaf64, rel_error
 
 from ops.matmul import launch as matmul_launch
-from ops.matmul.kernels import matmul_kernel, matmul_tma_kernel, matmul_tma_kernel_autotuned, split_k_sum_kernel
+from ops.matmul.kernels import (
+    CONFIGS,
+    TMA_CONFIGS,
+    _grouped_tile,
+    matmul_kernel,
+    matmul_kernel_autotuned,
+    matmul_tma_kernel,
+    matmul_tma_kernel_autotuned,
+    split_k_sum_kernel,
+)
 from ops.matmul.op import backward, forward
 from ops.matmul.plan import (
     POINTER,
@@ -28,7 +39,9 @@ from ops.matmul.plan import (
     split_k,
     tma_layout,
 )
-from ops.runtime import H100, DeviceFacts
+from ops.matmul.spec import ROW_MAJOR, with_config
+from ops.runtime import H100, DeviceFacts, launcher
+from ops.spec import SPECS
 
 
 def pick(device, cpu, cuda):
@@ -321,6 +334,90 @@ def test_matmul_entry_points_take_a_tuning(launches):
     assert_close(grad_b, matmul_reference(a.t(), grad), torch.float32)
     tiles = {(flags["BLOCK_M"], flags["BLOCK_N"], flags["BLOCK_K"]) for kernel, flags in launches if kernel is matmul_kernel}
     assert len(launches) == 3 and tiles == {(16, 32, 16)}, launches
+
+
+# ------------------------------------------------------------ program order
+
+
+@triton.jit
+def _tile_order_kernel(out_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """out[program] = the (pid_m, pid_n) of C's tile that program computes, by the kernels' own rule."""
+    program = tl.program_id(0)
+    pid_m, pid_n = _grouped_tile(program, num_pid_m, num_pid_n, GROUP_M)
+    tl.store(out_ptr + 2 * program, pid_m)
+    tl.store(out_ptr + 2 * program + 1, pid_n)
+
+
+def tile_order(num_pid_m: int, num_pid_n: int, group_m: int) -> list[tuple[int, int]]:
+    """The tiles of a num_pid_m x num_pid_n grid of tiles in the order programs 0, 1, ... take them."""
+    out = torch.full((num_pid_m * num_pid_n, 2), -1, dtype=torch.int32)
+    launcher(_tile_order_kernel, out)[(num_pid_m * num_pid_n,)](out, num_pid_m, num_pid_n, GROUP_M=group_m)
+    return [tuple(tile) for tile in out.tolist()]
+
+
+def test_grouped_and_row_major_program_orders():
+    """5 x 3 tiles.  GROUP_M = 1 walks C row by row; GROUP_M = 2 walks down a column of two rows of tiles
+    before moving right (the programs running together share B's tiles), the fifth row alone last."""
+    assert tile_order(5, 3, 1) == [(m, n) for m in range(5) for n in range(3)]
+    assert tile_order(5, 3, 2) == [
+        (0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2),
+        (2, 0), (3, 0), (2, 1), (3, 1), (2, 2), (3, 2),
+        (4, 0), (4, 1), (4, 2),
+    ]  # fmt: skip
+    assert tile_order(5, 3, 8) == [(m, n) for n in range(3) for m in range(5)]  # one group: column by column
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_row_major_variant_matches_float64(launches, dtype):
+    """The harness's tk-row-major variant: tk's kernel with GROUP_M = 1, on shapes that are no multiple of the
+    interpreter's 64 x 64 x 64 tile (3 x 2 and 4 x 3 tiles, K cut), against float64; every launch of it takes
+    row-major order, and tk's own call stays grouped."""
+    row_major = SPECS["matmul"].tk_plans["tk-row-major"]
+    for M, N, K in [(130, 66, 100), (200, 150, 37)]:
+        a, b = torch.randn(M, K, dtype=dtype), torch.randn(K, N, dtype=dtype)
+        assert_close(row_major(a, b), matmul_reference(a, b), dtype)
+    assert_close(torch.ops.tk.matmul(a, b), matmul_reference(a, b), dtype)
+    assert [flags["GROUP_M"] for kernel, flags in launches if kernel is matmul_kernel] == [1, 1, 8]
+    # On an H100 the autotuned kernels take the order too (the plan's group_m is every launch's GROUP_M).
+    for M, N, K in [(1024, 1024, 1024), (2048, 2048, 2048)]:
+        plan = choose_plan(on(H100, *meta_tensors(M, N, K)), ROW_MAJOR)
+        assert (plan.tile, plan.group_m, choose_plan(on(H100, *meta_tensors(M, N, K))).group_m) == (None, 1, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_matmul_row_major_variant_on_the_gpu(launches, dtype):
+    """Row-major order through the autotuned pointer kernel and (bfloat16, Hopper) the TMA kernel."""
+    row_major = SPECS["matmul"].tk_plans["tk-row-major"]
+    for M, N, K in [(1000, 1001, 999), (2312, 2120, 1000)]:
+        a = torch.randn(M, K, device="cuda", dtype=dtype)
+        b = torch.randn(K, N, device="cuda", dtype=dtype)
+        assert_close(row_major(a, b), matmul_reference(a, b), dtype)
+    autotuned = (matmul_kernel_autotuned, matmul_tma_kernel_autotuned)
+    assert [flags["GROUP_M"] for kernel, flags in launches if kernel in autotuned] == [1, 1]
+
+
+# ------------------------------------------------------- --configs (the spec's)
+
+
+def test_matmul_configs_fix_each_candidate_of_the_plan(launches):
+    """The spec's configurations of a call: the autotuner's candidates for the kernel its plan takes, each a launch
+    of that tile, warps and stages, right against float64; on an H100 the TMA kernel's candidates with their flags."""
+    a, b = torch.randn(70, 37, dtype=torch.bfloat16), torch.randn(37, 50, dtype=torch.bfloat16)
+    calls = SPECS["matmul"].configs(a, b)
+    assert len(calls) == len(CONFIGS)  # one label each
+    for call in calls.values():
+        assert_close(call(a, b), matmul_reference(a, b), torch.bfloat16)
+    launched = [(f["BLOCK_M"], f["BLOCK_N"], f["BLOCK_K"], f["num_warps"], f["num_stages"], f["UPCAST_OPERANDS"])
+                for kernel, f in launches if kernel is matmul_kernel]  # fmt: skip
+    blocks = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in CONFIGS]
+    # (and bfloat16 upcast in the interpreter, as the call's own plan says)
+    assert launched == [(*block, c.num_warps, c.num_stages, True) for block, c in zip(blocks, CONFIGS)]
+    tma = choose_plan(on(H100, *meta_tensors(2048, 2048, 2048)))
+    fixed = with_config(tma, TMA_CONFIGS[3])  # 128x256x64, 3 stages, 8 warps, warp-specialized
+    assert (fixed.design, fixed.tile) == (TMA, Tile(128, 256, 64, warps=8, stages=3))
+    assert fixed.store_halves and fixed.warp_specialize
+    assert replace(fixed, tile=None, store_halves=False, warp_specialize=False) == tma  # nothing else changed
 
 
 @pytest.mark.parametrize("device", DEVICES)
