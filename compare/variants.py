@@ -31,7 +31,7 @@ TK_KINDS = ("tk", "tk-plan", "compile-tk")  # the kinds that run tk's kernels: i
 
 
 class VariantSkipped(Exception):
-    """A peer library that is not installed, or a GPU one on the CPU: the variant is left out, not failed."""
+    """A peer that cannot run here (a library not installed, a CUDA build without nvcc, a GPU one on the CPU): the variant is left out, not failed."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Variant:
             try:
                 return self.peer_loader()
             except ImportError as e:
-                raise VariantSkipped(f"not installed ({e})") from e
+                raise VariantSkipped(f"unavailable ({e})") from e
         if not self.compiled:
             return self.source
         options = None

@@ -617,7 +617,7 @@ def test_a_report_where_nothing_ran_replaces_nothing(tmp_path, monkeypatch, caps
     before = os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")
     assert run(tmp_path, "--op", "fake", "--variants", "missing", "--shapes", "64") == 1
     err = capsys.readouterr().err
-    assert "error: no variant of fake ran (missing: not installed (No module named 'nonexistent_lib'))" in err
+    assert "error: no variant of fake ran (missing: unavailable (No module named 'nonexistent_lib'))" in err
     assert f"{tmp_path / 'fake'} still names the previous report" in err
     assert (os.readlink(tmp_path / "fake"), os.readlink(tmp_path / "latest")) == before
     newest = sorted((tmp_path / "runs").iterdir())[-1]

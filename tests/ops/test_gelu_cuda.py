@@ -89,7 +89,7 @@ def test_where_it_cannot_be_built_the_report_says_why_and_runs_the_others(tmp_pa
     monkeypatch.setattr(gelu_cuda, "build", _failed_build)
     by, md = _run_gelu(tmp_path, "eager,tk,cuda")
     cuda = by["cuda"]
-    assert cuda["status"] == "skipped" and cuda["error"].startswith(f"not installed ({cause}")
+    assert cuda["status"] == "skipped" and cuda["error"].startswith(f"unavailable ({cause}")
     assert by["eager"]["status"] == by["tk"]["status"] == "ok"
     assert f"peer `cuda` skipped: {cuda['error']}" in md
 
