@@ -9,6 +9,8 @@ import inspect
 import triton
 import triton.language as tl
 
+from ..blocks.alignment import known_multiple
+
 
 # GROUP_M, the programs' order, is no part of a config: it comes from the plan (Tuning.group_m) at every launch.
 def _config(block_m, block_n, block_k, stages, warps):
@@ -52,7 +54,19 @@ def matmul_kernel(
     stride_cb, stride_cm, stride_cn, stride_cs, SPLIT_K,
     ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr, C_SLICE_MULTIPLE: tl.constexpr,
+    AB_MULTIPLE: tl.constexpr, AR_MULTIPLE: tl.constexpr, AC_MULTIPLE: tl.constexpr,
+    BB_MULTIPLE: tl.constexpr, BR_MULTIPLE: tl.constexpr, BC_MULTIPLE: tl.constexpr,
+    CB_MULTIPLE: tl.constexpr, CR_MULTIPLE: tl.constexpr, CC_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
+    # Every size and stride restated as the multiple the plan knows it is (plan.py, Multiples): the alignment
+    # analysis then sees rows that start on 16 bytes, and the masks and `% M` / `% N` wraps keep 16-byte runs.
+    M, N, K = known_multiple(M, M_MULTIPLE), known_multiple(N, N_MULTIPLE), known_multiple(K, K_MULTIPLE)
+    stride_ab, stride_am = known_multiple(stride_ab, AB_MULTIPLE), known_multiple(stride_am, AR_MULTIPLE)
+    stride_ak, stride_bb = known_multiple(stride_ak, AC_MULTIPLE), known_multiple(stride_bb, BB_MULTIPLE)
+    stride_bk, stride_bn = known_multiple(stride_bk, BR_MULTIPLE), known_multiple(stride_bn, BC_MULTIPLE)
+    stride_cb, stride_cm = known_multiple(stride_cb, CB_MULTIPLE), known_multiple(stride_cm, CR_MULTIPLE)
+    stride_cn, stride_cs = known_multiple(stride_cn, CC_MULTIPLE), known_multiple(stride_cs, C_SLICE_MULTIPLE)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # Rows and columns past the edge wrap around (% M, % N): the loads stay in

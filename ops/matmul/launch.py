@@ -47,6 +47,7 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     # c is new and contiguous, so each workspace slice has c's strides.
     strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
     flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands, "GROUP_M": plan.group_m}
+    flags.update(plan.multiples.constexprs())
     if plan.tile is None:  # the autotuner picks the tile
 
         def grid(meta):

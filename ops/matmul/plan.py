@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..blocks.alignment import column_multiple
 from ..blocks.elementwise import elementwise_config
 from ..blocks.sizes import cdiv
 from ..runtime import DeviceFacts, device_facts, is_fake, tma_available
@@ -146,6 +147,45 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Multiples:
+    """What the pointer kernel is told each size and stride is a multiple of: ``column_multiple``, the largest
+    power of two up to 16 dividing it (1 tells nothing).  Triton's own specialization tells multiples of 16
+    only, so rows 1000 elements apart looked unaligned: the kernel moved 2 bytes an access where 16 fit (the
+    PTX of M1000xN1000xK1000 bfloat16 had only ``ld.global.b16`` and ``st.global.b16``; ops/blocks/alignment.py).
+    A unit stride is 1 here (Triton specializes it to the constant 1), and a stride of 0 a multiple of 16."""
+
+    m: int
+    n: int
+    k: int
+    a: tuple[int, int, int]  # (batch, row, column) strides of a, b and C, as launch.py passes them
+    b: tuple[int, int, int]
+    c: tuple[int, int, int]
+    c_slice: int  # the split-K workspace's slice stride
+
+    def constexprs(self) -> dict:
+        names = {"M": self.m, "N": self.n, "K": self.k, "C_SLICE": self.c_slice}
+        for operand, strides in (("A", self.a), ("B", self.b), ("C", self.c)):
+            names.update({f"{operand}{axis}": m for axis, m in zip("BRC", strides)})
+        return {f"{name}_MULTIPLE": m for name, m in names.items()}
+
+
+def pointer_multiples(meta: Meta, split: int) -> Multiples:
+    """The Multiples of a pointer launch: a's and b's strides as given (a 2-D operand's batch stride 0), C new
+    and contiguous (its workspace slices, when K is split, a whole C apart)."""
+
+    def batched(operand: Operand) -> tuple[int, int, int]:
+        strides = operand.strides if len(operand.strides) == 3 else (0, *operand.strides)
+        return tuple(column_multiple(s) for s in strides)
+
+    c_batch = meta.M * meta.N if meta.batched else 0
+    c_slice = meta.M * meta.N * meta.batch if split > 1 else 0
+    return Multiples(
+        column_multiple(meta.M), column_multiple(meta.N), column_multiple(meta.K), batched(meta.a), batched(meta.b),
+        (column_multiple(c_batch), column_multiple(meta.N), 1), column_multiple(c_slice),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one call runs: the design and every number its launches take."""
 
@@ -159,6 +199,7 @@ class Plan:
     upcast_operands: bool = False  # bfloat16 in the interpreter (see Tuning.interpreter_tile)
     group_m: int = 8  # rows of tiles a group in the programs' order (Tuning.group_m; 1: row-major)
     # The pointer kernel.
+    multiples: Multiples | None = None  # what its sizes and strides are known to be multiples of
     allow_tf32: bool = False
     split: int = 1  # slices of K (1: not split), each a program of the grid's third axis
     accumulator: torch.dtype | None = None  # the workspace slices' dtype (split > 1): float32, float64 for float64
@@ -273,7 +314,11 @@ def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
 
 def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
     """The pointer kernel with K in `split` slices (``split_k``'s count, or a test's)."""
-    launch = {"allow_tf32": meta.dtype == torch.float32 and meta.tf32_allowed, "split": split}
+    launch = {
+        "allow_tf32": meta.dtype == torch.float32 and meta.tf32_allowed,
+        "split": split,
+        "multiples": pointer_multiples(meta, split),
+    }
     if split > 1:  # slices of a workspace in the accumulator's dtype, summed into C by the elementwise rule
         sum_block, sum_warps = elementwise_config(meta.M * meta.N * meta.batch, torch.device(meta.facts.kind))
         accumulator = torch.float64 if meta.dtype == torch.float64 else torch.float32

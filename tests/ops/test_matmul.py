@@ -131,6 +131,21 @@ def meta_tensors(M, N, K, batch=None, dtype=torch.bfloat16):
     return a, torch.empty(K, N, device="meta", dtype=dtype)
 
 
+def test_the_pointer_plan_tells_the_kernel_what_sizes_and_strides_are_multiples_of():
+    """Multiples: the largest power of two up to 16 dividing each, 1 for a unit stride (plan.py)."""
+    a, b = meta_tensors(1000, 1000, 1000)
+    multiples = pointer_plan(on(H100, a, b), split=1).multiples
+    assert (multiples.m, multiples.n, multiples.k) == (8, 8, 8)
+    assert multiples.a == (16, 8, 1) and multiples.b == (16, 8, 1) and multiples.c == (16, 8, 1)  # 2-D: batch stride 0
+    assert multiples.c_slice == 16  # no workspace
+    a, b = meta_tensors(130, 66, 100, batch=3)
+    multiples = pointer_plan(on(H100, a, b.t().contiguous().t()), split=2).multiples  # b column-major
+    assert (multiples.m, multiples.n, multiples.k) == (2, 2, 4)
+    assert multiples.a == (8, 4, 1) and multiples.b == (16, 1, 4)  # a's batch stride 130 * 100; b 2-D, its rows 1 apart
+    assert multiples.c == (4, 2, 1) and multiples.c_slice == 4  # C's batch stride 130 * 66, a slice 3 of them apart
+    assert multiples.constexprs()["BR_MULTIPLE"] == 1 and multiples.constexprs()["BC_MULTIPLE"] == 4
+
+
 def test_matmul_split_k_rule():
     def split_on_h100(M, N, K, batch=None):
         return split_k(on(H100, *meta_tensors(M, N, K, batch)))

@@ -128,3 +128,25 @@ def test_a_level_cached_from_another_checkout_names_no_folder():
     checkout come back with that checkout's folder, which portable() leaves out too."""
     text = '#loc = loc("/home/someone/tk-copy/ops/gelu.py":85:1)\n#loc1 = loc("/opt/x/lib/other/thing.py":3:1)'
     assert ir.portable(text) == '#loc = loc("ops/gelu.py":85:1)\n#loc1 = loc("/opt/x/lib/other/thing.py":3:1)'
+
+
+def _global_accesses(launch, config=None) -> set[str]:
+    """The kinds of global-memory access in the PTX of `launch` compiled for an H100 (ld.global.b16, cp.async.cg, ...)."""
+    import re
+
+    ptx = ir.compile_launch(launch, ir.target_of(ir.H100), config).asm["ptx"]
+    return set(re.findall(r"(?:ld|st)\.global[.a-z0-9]*|cp\.async\.cg\.shared\.global", ptx))
+
+
+def test_matmul_rows_1000_elements_apart_move_16_bytes_an_access():
+    """bfloat16 rows of 1000 elements start on 16 bytes, which Triton's specialization (multiples of 16 elements)
+    cannot tell: the plan's Multiples restate the sizes and strides, and the pointer kernel's loads and stores are
+    16 bytes wide (cp.async, st.global.v4) instead of 2 (ld.global.b16).  Told nothing, it moves 2 bytes."""
+    (launch,) = launches.planned_launches(ops.get_spec("matmul"), (1000, 1000, 1000), torch.bfloat16).launches
+    assert launch.kernel == "matmul_kernel" and launch.constexprs["AR_MULTIPLE"] == 8
+    config = launch.configs[0]
+    told = _global_accesses(launch, config)
+    assert "cp.async.cg.shared.global" in told and "st.global.v4.b32" in told and "ld.global.b16" not in told, told
+    launch.args.update({name: 1 for name in launch.args if name.endswith("_MULTIPLE")})
+    untold = _global_accesses(launch, config)
+    assert "ld.global.b16" in untold and "st.global.b16" in untold, untold
