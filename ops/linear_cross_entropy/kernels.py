@@ -151,14 +151,15 @@ def linear_cross_entropy_kernel(
 
 @triton.jit
 def vocab_shard_statistics_kernel(
-    logits_ptr, target_ptr, stats_ptr,
-    n_rows, n_cols, row_stride, stats_stride, vocab_start, ignore_index,
+    logits_ptr, target_ptr, max_ptr, log_sum_ptr, target_logit_ptr, max_minus_mean_ptr,
+    n_rows, n_cols, row_stride, vocab_start, ignore_index,
     SMOOTHING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROW_MULTIPLE: tl.constexpr,
 ):  # fmt: skip
-    """Per row of one chunk, the shard's part of its loss, in four rows of stats (`stats_stride` apart):
-    the max of the shard's logits, the log of its sum of exp(x - max), the target's logit where the
-    target is one of the shard's classes (else 0) and, with SMOOTHING, the shard's mean logit (else
-    0).  The shards' parts combine exactly (shard.py).  An ignored row is not read: -inf, 0, 0, 0."""
+    """Per row of one chunk, the shard's part of its loss, one stat a pointer: the max of the shard's
+    logits, the log of its sum of exp(x - max), the target's logit where the target is one of the
+    shard's classes (else 0) and, with SMOOTHING, the max minus the shard's mean logit (else 0), as
+    (max - anchor) - the mean's rest, which keeps its digits when the logits are huge.  The shards'
+    parts combine exactly (vocab_parallel.py).  An ignored row is not read: -inf, 0, 0, 0."""
     row_stride = known_multiple(row_stride, ROW_MULTIPLE)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # int64: row * row_stride may pass 2**31
     exists = rows < n_rows
@@ -171,10 +172,10 @@ def vocab_shard_statistics_kernel(
     run_max, log_sum, anchor, run_mean = _row_statistics(
         row_ptrs, row_stride, n_cols, (~ignored)[:, None], ignored, SMOOTHING, BLOCK_SIZE
     )
-    tl.store(stats_ptr + rows, run_max, mask=exists)
-    tl.store(stats_ptr + stats_stride + rows, log_sum, mask=exists)
-    tl.store(stats_ptr + 2 * stats_stride + rows, x_target.to(log_sum.dtype), mask=exists)
-    tl.store(stats_ptr + 3 * stats_stride + rows, tl.where(ignored, 0.0, anchor + run_mean), mask=exists)
+    tl.store(max_ptr + rows, run_max, mask=exists)
+    tl.store(log_sum_ptr + rows, log_sum, mask=exists)
+    tl.store(target_logit_ptr + rows, x_target.to(log_sum.dtype), mask=exists)
+    tl.store(max_minus_mean_ptr + rows, tl.where(ignored, 0.0, (run_max - anchor) - run_mean), mask=exists)
 
 
 @triton.jit

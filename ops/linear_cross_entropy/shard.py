@@ -10,10 +10,10 @@ what one shard computes, as ops, and how the parts combine, as math:
     torch.ops.tk.linear_cross_entropy_shard_stats(x, weight, target, bias, vocab_start, ignore_index,
         label_smoothing) -> stats (4, N): per row, the max of the shard's logits, the log of the sum of
         exp(logit - max) over them, the target's logit where the target is one of the shard's classes
-        (else 0), and with label smoothing the shard's mean logit (else 0)
+        (else 0), and with label smoothing the max minus the shard's mean logit (else 0)
     vocab_parallel.combine(stats of every shard (P, 4, N), shard sizes, target, ...) -> (row losses, lse)
         lse = M + log(sum_r exp(max_r - M) exp(log_sum_r)), M the largest max;
-        loss = (1 - s) (lse - z_t) + s (lse - mean), mean = sum_r V_r mean_r / V
+        loss = (1 - s) (lse - z_t) + s (lse - mean), mean = sum_r V_r mean_r / V, s as float32
     torch.ops.tk.linear_cross_entropy_shard_backward(grad, lse, x, weight, target, bias, vocab_start,
         vocab, ignore_index, label_smoothing, x_grad, weight_grad, bias_grad) -> (grad_x, grad_weight,
         grad_bias) of this shard: its logits' gradient
@@ -38,7 +38,7 @@ from .launch import GradientSums, chunk_logits, compute_dtype
 from .op import check_bias_grad, check_inputs, describe
 from .plan import TUNING, Tuning, choose_plan
 
-STATS = ("max", "log_sum", "target_logit", "mean")  # the rows of a shard's stats, in order
+STATS = ("max", "log_sum", "target_logit", "max_minus_mean")  # the rows of a shard's stats, in order
 
 
 def _check_shard(op: str, x, weight, target, bias, vocab_start: int) -> None:
@@ -58,8 +58,8 @@ def shard_stats(
     *,
     tuning: Tuning = TUNING,
 ) -> torch.Tensor:
-    """tk.linear_cross_entropy_shard_stats planned with `tuning`: the (4, N) stats of this shard's classes (rows as STATS names them), in float32 (float64 for
-    float64 inputs)."""
+    """tk.linear_cross_entropy_shard_stats planned with `tuning`: the (4, N) stats of this shard's
+    classes (rows as STATS names them), in float32 (float64 for float64 inputs)."""
     op = "linear_cross_entropy_shard_stats"
     _check_shard(op, x, weight, target, bias, vocab_start)
     check_options(op, "none", label_smoothing)
@@ -71,9 +71,10 @@ def shard_stats(
     plan = choose_plan(meta, tuning)
     target = target.contiguous()
     for start, end, padded_rows, _ in chunk_logits(plan, x, weight, bias):
+        # One view a stat: a traced call's functional copy of a view covers that view only (launch.py).
         launcher(vocab_shard_statistics_kernel, x)[(cdiv(end - start, plan.tile.rows),)](
-            padded_rows, target[start:end], stats[0, start:],
-            end - start, weight.shape[0], plan.logits_stride, stats.stride(0), vocab_start, ignore_index,
+            padded_rows, target[start:end], *(stat[start:end] for stat in stats),
+            end - start, weight.shape[0], plan.logits_stride, vocab_start, ignore_index,
             SMOOTHING=plan.smoothing, BLOCK_M=plan.tile.rows, BLOCK_SIZE=plan.tile.block,
             ROW_MULTIPLE=plan.tile.row_multiple, num_warps=plan.tile.warps,
         )  # fmt: skip

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import torch
 
-from .launch import compute_dtype
-
 if torch.distributed.is_available():
     import torch.distributed._functional_collectives as funcol
 
@@ -62,6 +60,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index: int, reduction: 
             f"tk.linear_cross_entropy: rank {rank} holds {local_weight.shape[0]} rows of the weight, "
             f"a Shard(0) split of {weight.shape[0]} rows over {mesh.size()} ranks gives it {sizes[rank]}"
         )
+    _check_placed(x, target, mesh)
     hidden = x.shape[-1]
     loss = _VocabParallel.apply(
         _whole(x, mesh).reshape(-1, hidden), local_weight, None if bias is None else bias.to_local(),
@@ -70,6 +69,26 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index: int, reduction: 
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
+
+
+def _check_placed(x, target, mesh) -> None:
+    """x and target as DTensors on the weight's mesh: a plain tensor would be taken as the same on every rank,
+    and where it is not (each rank's own rows, with sequence parallelism's use_local_output) the stats of
+    different rows would be combined.  Under DTensor's implicit_replication a plain tensor is taken as
+    replicated, as DTensor itself takes it."""
+    from torch.distributed.tensor import DTensor
+
+    implicit = getattr(DTensor._op_dispatcher, "_allow_implicit_replication", False)  # the context's flag
+    for name, t in (("x", x), ("target", target)):
+        if isinstance(t, DTensor):
+            if t.device_mesh != mesh:
+                raise ValueError(f"tk.linear_cross_entropy: {name} is on another device mesh than the weight")
+        elif not implicit:
+            raise TypeError(
+                f"tk.linear_cross_entropy: the weight is a DTensor sharded over the vocabulary but {name} is a plain "
+                f"tensor; pass {name} as a DTensor on the weight's mesh (DTensor.from_local), or call under "
+                f"torch.distributed.tensor.experimental.implicit_replication() if it is the same on every rank"
+            )
 
 
 def _whole(t, mesh):
@@ -86,21 +105,32 @@ def combine(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(row losses (N,), lse (N,)) from every shard's stats (shard.py) (P, 4, N), shard r holding shard_sizes[r]
     classes.  An ignored row's loss is 0 (its lse is unused); an out-of-range target's is NaN."""
-    maxes, log_sums, target_logits, means = stats.unbind(1)
+    maxes, log_sums, target_logits, max_minus_means = stats.unbind(1)
     top = maxes.amax(0)
-    shift = torch.where(top == float("-inf"), 0.0, top)  # rows with no logit anywhere (every row ignored)
+    shift = torch.where(top == float("-inf"), 0.0, top)  # this row ignored, or every logit of it -inf
     log_sum = torch.log(torch.exp(maxes - shift + log_sums).sum(0))
     # (top - z_t) + log_sum rather than lse - z_t, as the whole loss computes it: with logits of 1e9,
     # lse would round log_sum away.
     loss = (top - target_logits.sum(0)) + log_sum
-    if label_smoothing > 0:  # with s = 0 a -inf logit must not turn 0 * -inf into NaN
-        sizes = torch.tensor(shard_sizes, dtype=stats.dtype, device=stats.device)
-        mean = (means * sizes[:, None]).sum(0) / sum(shard_sizes)
-        loss = (1.0 - label_smoothing) * loss + label_smoothing * ((top - mean) + log_sum)
+    smoothing = float(torch.tensor(label_smoothing, dtype=torch.float32))  # as the kernels see it
+    if smoothing > 0:  # with s = 0 a -inf logit must not turn 0 * -inf into NaN
+        # top - mean = sum_r V_r (top - mean_r) / V, each term (top - max_r) + (max_r - mean_r): no term
+        # holds a logit's magnitude.  A shard of no class adds nothing; one whose logits are all -inf
+        # makes the mean -inf, so the term +inf, as the whole loss's is.
+        sizes = torch.tensor(shard_sizes, dtype=stats.dtype, device=stats.device)[:, None]
+        term = torch.where(maxes == float("-inf"), float("inf"), (top - maxes) + max_minus_means)
+        top_minus_mean = (torch.where(sizes > 0, term, 0.0) * sizes).sum(0) / sum(shard_sizes)
+        loss = (1.0 - smoothing) * loss + smoothing * (top_minus_mean + log_sum)
     ignored = target == ignore_index
     in_range = (target >= 0) & (target < sum(shard_sizes))
     loss = torch.where(in_range, loss, float("nan"))
     return torch.where(ignored, 0.0, loss), top + log_sum
+
+
+def _all_gather(tensor, mesh):
+    """Every rank's `tensor` stacked along dim 0: all_gather_single (torch 2.13 deprecates the older name)."""
+    gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+    return gather(tensor, 0, mesh)
 
 
 class _VocabParallel(torch.autograd.Function):
@@ -112,7 +142,7 @@ class _VocabParallel(torch.autograd.Function):
         stats = torch.ops.tk.linear_cross_entropy_shard_stats(x, weight, target, bias, start, ignore_index, label_smoothing)
         # Functional collectives (what DTensor itself uses): torch.compile traces them; c10d's in-place ones
         # it cannot (a ProcessGroup in the graph).
-        everyone = funcol.all_gather_tensor(stats.contiguous(), 0, mesh)
+        everyone = _all_gather(stats.contiguous(), mesh)
         row_loss, lse = combine(everyone.view(len(sizes), *stats.shape), sizes, target, ignore_index, label_smoothing)
         kept = (target != ignore_index).sum()
         ctx.save_for_backward(x, weight, bias, target, lse, kept)
@@ -133,7 +163,7 @@ class _VocabParallel(torch.autograd.Function):
         grad_x, grad_weight, grad_bias = torch.ops.tk.linear_cross_entropy_shard_backward(
             rows, lse, x, weight, target, bias, start, vocab, ignore_index, label_smoothing, *needs
         )
-        if needs[0]:  # each rank holds its shard's share of grad_x: their sum, in float32 for 16-bit x
-            grad_x = funcol.all_reduce(grad_x.to(compute_dtype(x.dtype)), "sum", mesh).to(x.dtype)
+        if needs[0]:  # each rank holds its shard's share of grad_x: their sum (in x's dtype, as TP layers sum)
+            grad_x = funcol.all_reduce(grad_x, "sum", mesh)
         grads = [g if need else None for g, need in zip((grad_x, grad_weight, grad_bias), needs)]
         return *grads, None, None, None, None, None, None, None

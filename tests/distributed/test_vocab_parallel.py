@@ -17,7 +17,7 @@ if not torch.distributed.is_available():
 
 import torch.nn.functional as F
 from ranks import Ranks
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import ops  # noqa: F401  (registers the tk ops)
@@ -104,13 +104,12 @@ def test_a_vocabulary_sharded_weight_stays_sharded_and_the_loss_is_exact(ranks, 
 
 
 def check_weight_split_unevenly(rank) -> str:
-    from torch.distributed.tensor import DTensor
-
     x, weight, bias, target = _case(torch.float32)
     local = weight[:20] if rank.index == 0 else weight[20:]  # 20 + 17 rows, not DTensor's 19 + 18
     wd = DTensor.from_local(local, rank.mesh, [Shard(0)], run_check=False, shape=weight.shape, stride=weight.stride())
     try:
-        torch.ops.tk.linear_cross_entropy(x, wd, target)
+        xd, td = (distribute_tensor(t, rank.mesh, [Replicate()]) for t in (x, target))
+        torch.ops.tk.linear_cross_entropy(xd, wd, td)
     except ValueError as error:
         return str(error)
     return "no error"
@@ -129,10 +128,16 @@ class _Head(torch.nn.Module):
         self.weight = torch.nn.Parameter(distribute_tensor(weight, mesh, [Shard(0)]))
 
     def forward(self, x, target):
+        # The rows replicated, as tensor parallelism's input hooks (PrepareModuleInput) place them.
+        mesh = self.weight.device_mesh
+        x, target = (DTensor.from_local(t, mesh, [Replicate()], run_check=False) for t in (x, target))
         return torch.ops.tk.linear_cross_entropy(x, self.weight, target)
 
 
 def check_compiled(rank) -> float:
+    # PyTorch's AOTAutograd cache keys a DTensor on its global spec, not its shard: with shards of 19 and 18
+    # rows a second run hands one rank the other's graph (plain F.linear too; docs/distributed.md).
+    torch._functorch.config.enable_autograd_cache = False
     x, weight, bias, target = _case(torch.float32)
     head = _Head(weight, rank.mesh)
     x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -151,3 +156,26 @@ def check_compiled(rank) -> float:
 def test_compiled_matches_eager(ranks):
     results = ranks.run(check_compiled)
     assert results[0] == results[1]
+
+
+def check_plain_rows(rank) -> list[str]:
+    """A plain x beside a vocabulary-sharded weight: refused, unless under implicit_replication (then replicated)."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    x, weight, bias, target = _case(torch.float32)
+    wd = distribute_tensor(weight, rank.mesh, [Shard(0)])
+    found = []
+    try:
+        torch.ops.tk.linear_cross_entropy(x, wd, target)
+    except TypeError as error:
+        found.append(str(error))
+    with implicit_replication():
+        loss = torch.ops.tk.linear_cross_entropy(x, wd, target)
+    expected = F.cross_entropy(F.linear(x.double(), weight.double()), target)
+    torch.testing.assert_close(loss.full_tensor().double(), expected, rtol=2e-5, atol=2e-5)
+    return found
+
+
+def test_plain_rows_beside_a_sharded_weight_are_refused_unless_implicitly_replicated(ranks):
+    (message,) = ranks.run(check_plain_rows)[0]
+    assert "the weight is a DTensor sharded over the vocabulary but x is a plain tensor" in message

@@ -92,14 +92,25 @@ def test_an_out_of_range_target_is_nan_and_ignored_rows_are_zero(device):
     assert torch.isnan(grad_weight).all()  # a NaN row of the logits' gradient reaches every weight row
 
 
-def test_huge_logits_keep_their_small_differences():
-    """Logits around 1e6: the loss of a row is O(1) and must not be rounded away (float32 lse would)."""
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_huge_logits_keep_their_small_differences(smoothing):
+    """Logits around 1e6: the loss of a row is O(1) and must not be rounded away (float32 lse or mean would)."""
     x = torch.tensor([[1.0], [1.0]])
-    weight = torch.tensor([[1e6], [1e6 - 1], [1e6 - 2], [1e6 - 3]])
+    weight = torch.tensor([[1e6], [1e6 - 1], [1e6 - 2], [1e6 - 3], [1e6 - 5]])
     target = torch.tensor([0, 3])
-    loss, _, _ = sharded_loss(x, weight, target, None, 2)
-    expected = F.cross_entropy(F.linear(x.double(), weight.double()), target, reduction="none")
+    loss, _, _ = sharded_loss(x, weight, target, None, 2, smoothing)
+    logits = F.linear(x.double(), weight.double())
+    expected = F.cross_entropy(logits, target, reduction="none", label_smoothing=as_float32(smoothing))
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shard_of_minus_infinity_logits_makes_the_smoothed_loss_infinite_as_the_whole_one():
+    x = torch.tensor([[1.0]])
+    weight = torch.tensor([[1.0], [2.0], [float("-inf")], [float("-inf")]])  # the second shard's logits: -inf
+    target = torch.tensor([1])
+    loss, _, _ = sharded_loss(x, weight, target, None, 2, 0.1)
+    whole = tk.linear_cross_entropy(x, weight, target, reduction="none", label_smoothing=0.1)
+    assert loss.item() == whole.item() == float("inf")
 
 
 def test_empty_rows_and_bad_arguments():
