@@ -17,25 +17,41 @@ from .plan import POINTER, TMA, TUNING, Plan, Tile, Tuning, choose_plan, describ
 # --------------------------------------------------------------------------
 
 
+# A shape (M, N, K) times a @ b with b (K, N) contiguous; (M, N, K, LINEAR) times it as a model's nn.Linear
+# does, b = W.t() of a weight W (N, K): column-major, its columns K apart (an LM head's b has rows of V).
+LINEAR = "linear"
+
+
 def _make_inputs(shape, dtype, device):
-    M, N, K = shape
-    return torch.randn(M, K, dtype=dtype, device=device), torch.randn(K, N, dtype=dtype, device=device)
+    M, N, K = shape[:3]
+    a = torch.randn(M, K, dtype=dtype, device=device)
+    if shape[3:] == (LINEAR,):
+        return a, torch.randn(N, K, dtype=dtype, device=device).t()
+    return a, torch.randn(K, N, dtype=dtype, device=device)
 
 
 def _bytes(shape, dtype):
-    M, N, K = shape
+    M, N, K = shape[:3]
     return (M * K + K * N + M * N) * torch.empty((), dtype=dtype).element_size()
+
+
+def _describe(shape) -> str:
+    """M{M}xN{N}xK{K}, and `-linear` for b = W.t() (a model's projection)."""
+    return "M{}xN{}xK{}".format(*shape[:3]) + "".join(f"-{layout}" for layout in shape[3:])
 
 
 def _real_shapes() -> list[tuple]:
     """(M, N, K) of real models' GEMMs (ops/spec.py), M = tokens: the attention's output projection, the
-    MLP's up and down projections, LM heads (large N, small K); and odd sizes with nothing in common."""
+    MLP's up and down projections, LM heads (large N, small K), each as the model's nn.Linear runs it (LINEAR:
+    b = W.t()); GPT-2's LM head also with b (K, N) contiguous, whose rows of 50257 start on 2-byte
+    boundaries; and odd sizes with nothing in common."""
     llama, gpt2, qwen = model("llama3-8b"), model("gpt2"), model("qwen2-7b")
     return [
-        (4095, llama.hidden, llama.hidden), (8191, llama.intermediate, llama.hidden),
-        (8191, llama.hidden, llama.intermediate), (1000, qwen.intermediate, qwen.hidden),
-        (8191, gpt2.vocab, gpt2.hidden), (4095, llama.vocab, llama.hidden), (8191, qwen.vocab, qwen.hidden),
-        (1000, 1000, 1000), (4000, 5000, 3000), (1000, 3 * gpt2.hidden, gpt2.hidden),
+        (4095, llama.hidden, llama.hidden, LINEAR), (8191, llama.intermediate, llama.hidden, LINEAR),
+        (8191, llama.hidden, llama.intermediate, LINEAR), (1000, qwen.intermediate, qwen.hidden, LINEAR),
+        (8191, gpt2.vocab, gpt2.hidden, LINEAR), (8191, gpt2.vocab, gpt2.hidden),
+        (4095, llama.vocab, llama.hidden, LINEAR), (8191, qwen.vocab, qwen.hidden, LINEAR),
+        (1000, 1000, 1000), (4000, 5000, 3000), (1000, 3 * gpt2.hidden, gpt2.hidden, LINEAR),
     ]  # fmt: skip
 
 
@@ -105,6 +121,6 @@ register_spec(
         },
         dtypes=(torch.bfloat16, torch.float16),
         bound="compute",
-        describe=lambda shape: "M{}xN{}xK{}".format(*shape),
+        describe=_describe,
     )
 )

@@ -473,3 +473,17 @@ def test_matmul_backward_of_empty_dims_with_a_broadcast_operand(device):
             ea, eb = torch.autograd.grad(torch.matmul(a, b), (a, b), grad)
             assert da.shape == a.shape and db.shape == b.shape, (a_shape, b_shape)
             assert torch.allclose(da, ea, atol=1e-5) and torch.allclose(db, eb, atol=1e-5), (a_shape, b_shape)
+
+
+def test_the_harness_times_a_models_projection_as_nn_linear_lays_it_out():
+    """(M, N, K, LINEAR): b = W.t() of a weight W (N, K), as F.linear multiplies; the label says so."""
+    from ops.matmul.spec import LINEAR, REAL_SHAPES
+
+    spec = SPECS["matmul"]
+    a, b = spec.make_inputs((37, 29, 21, LINEAR), torch.float32, torch.device("cpu"))
+    assert a.shape == (37, 21) and b.shape == (21, 29) and b.stride() == (1, 21)
+    assert spec.describe((37, 29, 21, LINEAR)) == "M37xN29xK21-linear" and spec.describe((37, 29, 21)) == "M37xN29xK21"
+    assert spec.bytes_moved((37, 29, 21, LINEAR), torch.float32) == spec.bytes_moved((37, 29, 21), torch.float32)
+    assert_close(spec.tk(a, b), matmul_reference(a, b), torch.float32)
+    lm_heads = [s for s in REAL_SHAPES if s[1] == 50257]
+    assert (8191, 50257, 768, LINEAR) in lm_heads and (8191, 50257, 768) in lm_heads  # both layouts of GPT-2's head
