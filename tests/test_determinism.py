@@ -34,7 +34,7 @@ import ops  # noqa: F401  (registers torch.ops.tk.*)
 from ops.cross_entropy.op import cross_entropy_with_tuning
 from ops.cross_entropy.plan import TUNING as CROSS_ENTROPY_TUNING
 from ops.matmul import kernels as matmul_module
-from ops.matmul.plan import TUNING as MATMUL_TUNING
+from ops.matmul.plan import TUNING as MATMUL_TUNING, describe, pointer_plan
 from ops.runtime import launcher
 from ops.runtime.device import set_scratch_allocator, sm_count, tma_available
 from ops.softmax.plan import TUNING as SOFTMAX_TUNING
@@ -250,6 +250,7 @@ def _matmul_with(config, a, b):
     N = b.shape[1]
     c = torch.empty(M, N, device=a.device, dtype=a.dtype)
     meta = {**config.kwargs, "GROUP_M": MATMUL_TUNING.group_m}  # the program order is the plan's, not a config's
+    meta.update(pointer_plan(describe(a, b), split=1).multiples.constexprs())  # the sizes' and strides' multiples
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)
