@@ -253,6 +253,7 @@ def _prepare(case: Case, spec, dtype, shape, args, expected, settings: Settings,
             profiling.trace_variant(case.fn, args, device, settings.profile_dir, v.name, rec["dtype"], rec["shape_label"])
     except VariantSkipped as e:
         rec["status"], rec["error"], case.fn = "skipped", str(e), None
+        say(f"{v.name}: skipped, {e}")
     except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
         if case.stage in ("kernel count", "peak memory", "profile"):  # the variant itself works: keep it, note what failed
             rec["error"] = error_text(case.stage, e)

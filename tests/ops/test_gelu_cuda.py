@@ -74,11 +74,16 @@ def _run_gelu(tmp_path, variants: str) -> tuple[dict, str]:
     return {r["variant"]: r for r in doc["records"]}, (tmp_path / "gelu" / "report.md").read_text()
 
 
-def test_on_the_cpu_the_report_skips_it_and_runs_the_others(tmp_path):
+def test_on_the_cpu_the_report_skips_it_and_runs_the_others(tmp_path, capsys):
     by, md = _run_gelu(tmp_path, "eager,eager-unfused,tk,cuda")
     assert by["cuda"]["status"] == "skipped" and by["cuda"]["error"] == "runs on cuda only, not on cpu"
     assert all(by[name]["status"] == "ok" for name in ("eager", "eager-unfused", "tk"))
     assert "peer `cuda` skipped: runs on cuda only, not on cpu" in md
+    capsys.readouterr()
+    loud = [a for a in FAST if a != "--quiet"]
+    assert cli.main(["--op", "gelu", "--variants", "cuda,tk", "--out", str(tmp_path / "loud"), *loud]) == 0
+    terminal = capsys.readouterr()
+    assert "cuda: skipped, runs on cuda only, not on cpu" in terminal.out + terminal.err  # not left at "building"
 
 
 @pytest.mark.parametrize("cause", ["no CUDA device", "the CUDA GELU's build failed"])
