@@ -40,10 +40,11 @@ $(error unknown setting $(firstword $(unknown))=$($(firstword $(unknown))): did 
 Settings: $(SETTINGS) (see make help))
 endif
 
-# QUICK=1, true, yes, on are the same; 0, false, no, off or empty turn it off.
+# QUICK=1, true, yes, on are the same; 0, false, no, off or empty turn it off.  Refused when given on the
+# command line; from the environment (where CONFIGS may mean something else) a value neither yes nor no is off.
 truth     = $(if $(filter 1 true yes on TRUE YES ON True Yes On,$($(1))),1,$(if $(filter-out 0 false no off FALSE NO OFF False No Off,$($(1))),bad,))
 $(foreach v,QUICK MAX_AUTOTUNE CONFIGS USE_SYSTEM,$(if $(filter bad,$(call truth,$(v))),\
-  $(error $(v)=$($(v)) is not a yes or a no: use $(v)=1 or $(v)=0)))
+  $(if $(filter command line,$(origin $(v))),$(error $(v)=$($(v)) is not a yes or a no: use $(v)=1 or $(v)=0))))
 
 $(if $(filter-out torch ncu,$(TOOL)),$(error TOOL=$(TOOL): make profile takes TOOL=torch (torch.profiler) or TOOL=ncu (Nsight Compute)))
 
@@ -56,8 +57,8 @@ SETUP := $(VENV)/.installed
 endif
 
 COMPARE_FLAGS = --op $(OP) --out $(OUT) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(SHAPES),--shapes $(SHAPES)) \
-  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(call truth,QUICK),--quick) \
-  $(if $(call truth,MAX_AUTOTUNE),--max-autotune) $(if $(call truth,CONFIGS),--configs) $(if $(GPUS),--gpus $(GPUS)) \
+  $(if $(VARIANTS),--variants $(VARIANTS)) $(if $(filter 1,$(call truth,QUICK)),--quick) \
+  $(if $(filter 1,$(call truth,MAX_AUTOTUNE)),--max-autotune) $(if $(filter 1,$(call truth,CONFIGS)),--configs) $(if $(GPUS),--gpus $(GPUS)) \
   $(ARGS)
 
 # make ir: every compiled level of OP's tk kernels, planned and compiled for an H100 on any machine.

@@ -11,7 +11,7 @@ Version 1.  Top level::
     settings         device, dtypes, shapes, variants, rep_ms, rounds, timing_method, quick, capture
     environment      python, torch, triton, cpu; on a GPU also gpu, driver, cuda, sm_count, l2_cache_mib...
     limits           method, copy {gbps, bytes, ms} or null, matmul {dtype: {tflops, n, ms}}, errors [...]
-    skipped          [{variant, reason}]: peers that are not installed
+    skipped          [{variant, reason}]: peers that cannot run here (not installed, not built, another device)
     records          one per (dtype, shape, variant): the fields declared in record.py, in that order
     configs          (with --configs) one record per (dtype, shape, configuration of tk's kernel), the same
                      fields; ``variant`` names the configuration (compare/configs.py)

@@ -1,6 +1,7 @@
 """The Make targets refuse a misspelled or unknown setting instead of running the default sweep."""
 
 import shutil
+import os
 import subprocess
 from pathlib import Path
 
@@ -45,6 +46,14 @@ def test_the_obvious_spellings_of_no_are_accepted(value):
 def test_a_setting_that_is_neither_yes_nor_no_is_refused():
     done = make("compare", "QUICK=maybe")
     assert done.returncode != 0 and "QUICK=maybe is not a yes or a no" in done.stderr
+
+
+def test_an_environment_variable_of_the_same_name_that_is_no_yes_or_no_is_off_not_an_error():
+    """CONFIGS or QUICK exported for something else must not stop every target."""
+    env = {**os.environ, "CONFIGS": "/etc/some.conf", "QUICK": "later"}
+    done = subprocess.run(["make", "-n", "-C", str(REPO), "USE_SYSTEM=1", "compare"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "--configs" not in done.stdout and "--quick" not in done.stdout
 
 
 def test_every_setting_of_the_compare_target_reaches_the_harness():

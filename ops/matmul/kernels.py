@@ -116,8 +116,12 @@ def matmul_kernel(
 _KEEP_CHOICE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 # GROUP_M is in the key: another program order (the harness's row-major lesson) tunes a tile of its own and
 # never hands it to tk's grouped order.
+# The operands' layouts are in the key too (which stride is the unit one, and how aligned the others are): an LM
+# head's b as W.t() and as a contiguous (K, N) matrix are one (M, N, K) but load differently, and the choice of
+# one is kept on disk for the other otherwise.
+LAYOUT_KEY = ["AR_MULTIPLE", "AC_MULTIPLE", "BR_MULTIPLE", "BC_MULTIPLE"]
 matmul_kernel_autotuned = triton.autotune(
-    configs=CONFIGS, key=["M", "N", "K", "SPLIT_K", "GROUP_M"], **_KEEP_CHOICE
+    configs=CONFIGS, key=["M", "N", "K", "SPLIT_K", "GROUP_M", *LAYOUT_KEY], **_KEEP_CHOICE
 )(matmul_kernel)
 
 
@@ -205,7 +209,9 @@ TMA_CONFIGS = [
     _tma_config(128, 256, 64, 3, 8, warp_specialize=True),
     _tma_config(128, 128, 64, 5, 4, store_halves=False),
 ]
-matmul_tma_kernel_autotuned = triton.autotune(configs=TMA_CONFIGS, key=["M", "N", "K", "GROUP_M"], **_KEEP_CHOICE)(
+matmul_tma_kernel_autotuned = triton.autotune(
+    configs=TMA_CONFIGS, key=["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR"], **_KEEP_CHOICE
+)(
     matmul_tma_kernel
 )
 

@@ -135,8 +135,16 @@ def built() -> tuple[object | None, str]:
     try:
         return build(), ""
     except Exception as error:  # a compiler error, no ninja, a toolkit torch cannot use: the run goes on
-        text = " ".join(str(error).split())
-        return None, f"the CUDA GELU's build failed: {type(error).__name__}: {text[:300]}"
+        return None, f"the CUDA GELU's build failed: {type(error).__name__}: {_gist(str(error))}"
+
+
+def _gist(message: str, most: int = 600) -> str:
+    """The lines of a build's output that say what went wrong (a compiler's `error`, ninja's FAILED), else its
+    end: cpp_extension's message opens with the whole nvcc command line, which says nothing of the cause."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    telling = [line for line in lines if "error:" in line.lower() or line.startswith("FAILED")]
+    text = " | ".join(telling or lines[-3:])
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def load(approximate: str):

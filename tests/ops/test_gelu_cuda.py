@@ -140,3 +140,16 @@ def test_cuda_gelu_past_2_to_the_31_elements(cuda_gelu):
     for start in [0, (1 << 31) - 2048, n - (1 << 20)]:  # before, across and after the 2**31 boundary
         window = slice(start, start + (1 << 20))
         assert_close(y[window], F.gelu(x[window].double()), torch.bfloat16)
+
+
+def test_a_failed_builds_reason_is_its_error_not_the_command_line():
+    """cpp_extension's message opens with nvcc's whole command line; the report keeps the lines that say why."""
+    message = (
+        "Error building extension 'tk_gelu_cuda': [1/3] /usr/local/cuda/bin/nvcc -DTORCH_EXTENSION_NAME=x "
+        + "-isystem /very/long/include/path " * 40
+        + "\nFAILED: gelu_cuda.cuda.o\n/tmp/gelu_cuda.cu:3:10: fatal error: c10/cuda/impl/cuda_cmake_macros.h: "
+        "No such file or directory\nninja: build stopped: subcommand failed."
+    )
+    gist = gelu_cuda._gist(message)
+    assert "fatal error: c10/cuda/impl/cuda_cmake_macros.h" in gist and "FAILED: gelu_cuda.cuda.o" in gist
+    assert "-isystem" not in gist and len(gist) <= 600
