@@ -210,7 +210,11 @@ def _build_and_first_call(case: Case, spec, dtype, shape, args, settings: Settin
     with contextlib.ExitStack() as stack:
         if capture is not None and v.compiled:
             stack.enter_context(capture.recording(spec, v, dtype, shape))
-        case.fn = v.build(device)
+        if v.kind == "peer":  # a peer may build itself first (the CUDA GELU: nvcc, about a minute, once)
+            with long_step(progress, f"{label} | {v.name}: building", "a peer's import, or its extension compiling"):
+                case.fn = v.build(device)
+        else:
+            case.fn = v.build(device)
         case.stage = "first call"
         if capture is not None and v.kind == "tk":  # which of tk's kernels run for this shape, and how
             tk_launches = stack.enter_context(capture.watching_tk())

@@ -694,6 +694,24 @@ def test_a_long_first_call_is_announced_and_timed(tmp_path, monkeypatch, capsys)
     assert "eager: first call" not in err  # a quick first call says nothing
 
 
+def test_a_peer_that_builds_for_long_is_announced(tmp_path, monkeypatch, capsys):
+    """A peer's loader may compile an extension (the CUDA GELU: nvcc, once): the progress says so, not just 'building'."""
+    from compare import progress
+
+    def slow_loader():
+        time.sleep(0.8)
+        return torch.sigmoid
+
+    monkeypatch.setattr(progress, "LONG_STEP_S", 0.3)
+    spec = dataclasses.replace(fake_spec(), unfused={}, peers={"built": slow_loader}, peer_devices=("cpu",))
+    monkeypatch.setitem(ops.SPECS, "fake", spec)
+    argv = ["--op", "fake", "--variants", "eager,built", "--shapes", "64", "--device", "cpu", "--rep-ms", "2", "--rounds", "1"]
+    assert cli.main([*argv, "--no-capture", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "fake float32 n=64 | built: building: still running after 0 s (a peer's import, or its extension" in err
+    assert "fake float32 n=64 | built: building: took" in err
+
+
 def test_autotune_events_are_collected_and_the_listener_put_back():
     """Triton 3.9 tells a listener what its autotuner did; the first call's closing line says it."""
     import triton
