@@ -109,20 +109,24 @@ def build_directory(name: str) -> Path:
     return build
 
 
-def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_SECONDS) -> bool:
-    """Remove ``build/lock`` when it is older than any build takes; True if one was removed.
+def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_SECONDS, poll_s: float = 1.0) -> bool:
+    """Wait while ``build/lock`` is young (another process building), and remove it once it is older than any
+    build takes; True if one was removed.
 
     cpp_extension takes the lock for the length of a build and waits, without a
     time limit, for a lock it finds.  A build that was killed (a timeout, a
     machine that stopped) leaves the lock behind, and every later import of tk
-    on that machine would wait forever."""
+    on that machine would wait forever; here the wait ends when the lock has
+    aged past `max_age_s` (a live build removes it within about a minute)."""
     lock = build / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age_s:
-        return False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if age >= max_age_s:
+            break
+        time.sleep(min(poll_s, max_age_s - age))
     warnings.warn(f"tk: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish")
     lock.unlink(missing_ok=True)
     return True

@@ -556,12 +556,19 @@ def test_a_lock_left_by_a_killed_build_is_removed_before_building(monkeypatch, t
     assert seen["build_directory"] == str(lock.parent)
 
 
-def test_a_lock_of_a_build_in_progress_is_kept(tmp_path):
+def test_a_young_lock_is_waited_for_until_it_goes_or_grows_stale(tmp_path):
+    import threading
+
     lock = tmp_path / "lock"
     assert _native.clear_stale_lock(tmp_path) is False  # no lock at all
+    lock.touch()  # a build in progress: it ends (the lock goes) while we wait
+    threading.Timer(0.3, lock.unlink).start()
+    assert _native.clear_stale_lock(tmp_path, max_age_s=30, poll_s=0.05) is False and not lock.exists()
+    lock.touch()  # a build killed a moment ago: its lock is removed once it is older than any build takes
+    with pytest.warns(UserWarning, match="did not finish"):
+        assert _native.clear_stale_lock(tmp_path, max_age_s=0.3, poll_s=0.05) is True
+    assert not lock.exists()
     lock.touch()
-    assert _native.clear_stale_lock(tmp_path) is False
-    assert lock.exists()
     old = lock.stat().st_mtime - _native.STALE_LOCK_SECONDS - 1
     os.utime(lock, (old, old))
     with pytest.warns(UserWarning, match="did not finish"):
