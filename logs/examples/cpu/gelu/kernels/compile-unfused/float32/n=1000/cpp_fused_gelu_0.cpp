@@ -5,7 +5,7 @@ extern "C"  void  kernel(const float* in_ptr0,
 {
     std::atomic<int> inductor_cpu_integer_div_error{0};
     inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;
-    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_0_cpp_fused_gelu_0_("graph_0_cpp_fused_gelu_0", nullptr);
+    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_9_cpp_fused_gelu_0_("graph_9_cpp_fused_gelu_0", nullptr);
     {
         for(int64_t x0=static_cast<int64_t>(0L); x0<static_cast<int64_t>(1000L); x0+=static_cast<int64_t>(16L))
         {

@@ -1,4 +1,4 @@
-# AOT ID: ['0_inference']
+# AOT ID: ['9_inference']
 from ctypes import c_void_p, c_long, c_int
 import torch
 import math
@@ -38,7 +38,7 @@ extern "C"  void  kernel(const float* in_ptr0,
 {
     std::atomic<int> inductor_cpu_integer_div_error{0};
     inductor_cpu_integer_div_error_flag = &inductor_cpu_integer_div_error;
-    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_0_cpp_fused_gelu_0_("graph_0_cpp_fused_gelu_0", nullptr);
+    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_9_cpp_fused_gelu_0_("graph_9_cpp_fused_gelu_0", nullptr);
     {
         for(int64_t x0=static_cast<int64_t>(0L); x0<static_cast<int64_t>(1000L); x0+=static_cast<int64_t>(16L))
         {

@@ -1,10 +1,10 @@
 TRACED GRAPH
- ===== __compiled_fn_11_c74fdf8c_123f_4a6b_945a_7352e9d255c8 =====
- site-packages/torch/fx/_lazy_graph_module.py class GraphModule(torch.nn.Module):
+ ===== __compiled_fn_11_e9e46664_ba14_4353_b7a5_388f2e033e95 =====
+ .venv/lib/python3.11/site-packages/torch/fx/_lazy_graph_module.py class GraphModule(torch.nn.Module):
     def forward(self, L_x_: "f32[1048576][1]cpu"):
         l_x_ = L_x_
 
-        # File: ops/gelu.py:188 in gelu_erf_unfused, code: return 0.5 * x * (1 + torch.erf(x * 0.7071067811865476))
+        # File: ops/gelu.py:189 in gelu_erf_unfused, code: return 0.5 * x * (1 + torch.erf(x * 0.7071067811865476))
         mul: "f32[1048576][1]cpu" = 0.5 * l_x_
         mul_1: "f32[1048576][1]cpu" = l_x_ * 0.7071067811865476;  l_x_ = None
         erf: "f32[1048576][1]cpu" = torch.erf(mul_1);  mul_1 = None
