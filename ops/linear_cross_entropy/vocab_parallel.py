@@ -28,9 +28,12 @@ if torch.distributed.is_available():
     import torch.distributed._functional_collectives as funcol
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def applies(weight, bias) -> bool:
     """Whether the weight (and the bias, if any) are DTensors split over the vocabulary on a 1-D mesh."""
-    if not torch.distributed.is_available():
+    if type(weight) in _PLAIN or not torch.distributed.is_available():  # the common case, before any import
         return False
     from torch.distributed.tensor import DTensor, Shard  # imported by then: DTensor registers its rules at import ops
 
