@@ -173,10 +173,13 @@ class Multiples:
 def pointer_multiples(meta: Meta, split: int) -> Multiples:
     """The Multiples of a pointer launch: a's and b's strides as given (a 2-D operand's batch stride 0), C new
     and contiguous (its workspace slices, when K is split, a whole C apart)."""
-    return _multiples(meta.M, meta.N, meta.K, meta.batch, meta.batched, meta.a.strides, meta.b.strides, split)
+    key = (meta.M, meta.N, meta.K, meta.batch, meta.batched, meta.a.strides, meta.b.strides, split)
+    # A plan is made on every Python-path call: the cache saves ~5 µs of divisions a repeat.  Traced sizes
+    # (SymInts, under torch.compile's dynamic shapes or opcheck) are not hashable: those are computed.
+    plain = all(type(v) is int for v in (*key[:4], *meta.a.strides, *meta.b.strides))
+    return _cached_multiples(*key) if plain else _multiples(*key)
 
 
-@functools.lru_cache(maxsize=1024)  # a plan is made on every Python-path call: ~5 µs of divisions saved per repeat
 def _multiples(M, N, K, batch, batched, a_strides, b_strides, split) -> Multiples:
     def operand(strides) -> tuple[int, int, int]:
         return tuple(column_multiple(s) for s in (strides if len(strides) == 3 else (0, *strides)))
@@ -187,6 +190,9 @@ def _multiples(M, N, K, batch, batched, a_strides, b_strides, split) -> Multiple
         column_multiple(M), column_multiple(N), column_multiple(K), operand(a_strides), operand(b_strides),
         (column_multiple(c_batch), column_multiple(N), 1), column_multiple(c_slice),
     )  # fmt: skip
+
+
+_cached_multiples = functools.lru_cache(maxsize=1024)(_multiples)
 
 
 @dataclass(frozen=True)
