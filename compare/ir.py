@@ -243,6 +243,20 @@ def write_levels(compiled, launch: Launch, config: dict, root: Path, base: Path,
     return {"folder": str(folder.relative_to(base)), "files": files, "info": info, "config": config}
 
 
+def _error_line(e: Exception) -> str:
+    """One line for a kernel that did not compile.  Triton's CompilationError says where ("at 17:14:",
+    the source line and a caret) and chains the error of the function it called: the line keeps the
+    outermost place and the innermost cause."""
+    inner = e
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip() and set(line.strip()) != {"^"}]
+    cause = f"{type(inner).__name__}: {lines[-1] if lines else ''}"
+    if inner is e:
+        return cause[:500]
+    return f"{type(e).__name__} {str(e).strip().splitlines()[0]} {cause}"[:500]
+
+
 def compile_all(found: list[Launch], target: Target, root: Path, base: Path, sass: bool = True) -> list[dict]:
     """Each launch compiled and written under ``root`` (per config of an autotuned one): a row per launch, with
     ``ir`` (one row of ``write_levels`` per config, folders relative to ``base``) or ``errors``."""
@@ -254,7 +268,7 @@ def compile_all(found: list[Launch], target: Target, root: Path, base: Path, sas
                 compiled = compile_launch(launch, target, config)
                 row["ir"].append(write_levels(compiled, launch, config, root, base, sass))
             except Exception as e:  # noqa: BLE001 - one kernel that does not compile here leaves the others
-                row.setdefault("errors", []).append(f"{type(e).__name__}: {e}".splitlines()[0][:300])
+                row.setdefault("errors", []).append(_error_line(e))
         rows.append(row)
     return rows
 
