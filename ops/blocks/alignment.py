@@ -37,3 +37,37 @@ def known_multiple(n, MULTIPLE: tl.constexpr):
     if MULTIPLE > 1:
         n = n // MULTIPLE * MULTIPLE
     return n
+
+
+# ---------------------------------------------------------------------------
+# Rows that start off a 16-byte boundary: read in a frame that starts on one.
+#
+# A row of 50257 bfloat16 starts 2 bytes further off a boundary than the row
+# before it, so seven rows in eight start off one.  Columns counted from the
+# row's first element cut every 16-byte run in two, and Triton then moves one
+# element an access.  Counted from the boundary at or before the row's start
+# (the frame), the runs are whole: every run wholly in the row is read and
+# written 16 bytes at a time under masks whose bounds are multiples of the run,
+# and only the row's first and last partial runs are masked element by element,
+# apart.  (Cross entropy's sweeps and softmax's held rows take rows this way.)
+# ---------------------------------------------------------------------------
+
+
+def frame_run(n_cols: int, inner: int, *element_sizes: int) -> int:
+    """The elements in a 16-byte run of the narrowest of `element_sizes` where rows of n_cols along
+    the last dim (inner == 1) do not all start on a 16-byte boundary and are two runs long at least
+    (so that their partial ends are two runs, not one); 0 where the rows need no frame."""
+    run = 16 // min(element_sizes)
+    off_boundary = any((n_cols * size) % 16 for size in element_sizes)
+    return run if inner == 1 and off_boundary and n_cols >= 2 * run else 0
+
+
+@triton.jit
+def peeled_frame(row_start, n_cols, RUN: tl.constexpr):
+    """(frame, skew, body_end) of the contiguous row at element row_start, framed at the boundary at or
+    before it (RUN elements a 16-byte run): the frame's first element, the row's first column's place in
+    the frame (column = place - skew), and the end of the runs wholly in the row, a multiple of RUN.
+    The run [0, RUN) and the run from body_end hold the row's partial ends."""
+    frame = known_multiple(row_start, RUN)
+    skew = (row_start - frame).to(tl.int32)
+    return frame, skew, known_multiple(skew + n_cols, RUN)

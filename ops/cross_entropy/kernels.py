@@ -6,7 +6,7 @@ The math and the designs are in op.py's docstring.
 import triton
 import triton.language as tl
 
-from ..blocks.alignment import known_multiple
+from ..blocks.alignment import known_multiple, peeled_frame
 from ..blocks.fastmath import exp, finite_or_zero
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -39,14 +39,8 @@ def _load_logits(ptrs, inside):
 
 @triton.jit
 def _peeled_frame(row, n_cols, VEC: tl.constexpr):
-    """(frame, skew, body_end) of contiguous row `row` swept from the 16-byte boundary at or before its
-    start (VEC elements a run): the frame's first element, the row's first column's place in the frame
-    (column = place - skew), and the end of the runs wholly in the row, a multiple of VEC.  The run
-    before VEC and the one from body_end hold the row's partial ends."""
-    row_start = row.to(tl.int64) * n_cols
-    frame = known_multiple(row_start, VEC)
-    skew = (row_start - frame).to(tl.int32)
-    return frame, skew, known_multiple(skew + n_cols, VEC)
+    """(frame, skew, body_end) of contiguous row `row` (ops/blocks/alignment.py: peeled_frame)."""
+    return peeled_frame(row.to(tl.int64) * n_cols, n_cols, VEC)
 
 
 @triton.jit

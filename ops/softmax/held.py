@@ -9,7 +9,7 @@ that counts for nothing.
 import triton
 import triton.language as tl
 
-from ..blocks.alignment import known_multiple
+from ..blocks.alignment import known_multiple, peeled_frame
 from ..blocks.held_rows import (
     pack,
     partial_at,
@@ -19,12 +19,11 @@ from ..blocks.held_rows import (
     unpack,
     wait_for_fill,
 )
+from ..blocks.fastmath import exp, finite_or_zero
 from .kernels import (
     _block_max_exp,
-    _block_max_sum,
     _combine_partials,
     _compute_dtype,
-    _load_row,
     _offsets,
     _rescale,
     _row_start,
@@ -39,54 +38,137 @@ def _pack_dot(dot):
     return pack(tl.zeros_like(dot), dot)
 
 
-@triton.jit
-def _load_stored(ptr, row, n_rows, cols, n_cols, inner, other):
-    """The row's columns `cols` in their storage dtype; all `other` (nothing read) when row >= n_rows."""
-    end = tl.where(row < n_rows, n_cols, 0)
-    return tl.load(ptr + _offsets(_row_start(row, n_cols, inner), cols, inner), mask=cols < end, other=other)
+# A row framed at a 16-byte boundary (FRAME, the elements in a run, or 0; see
+# ops/blocks/alignment.py): a program's columns `cols` are places in the frame,
+# the runs wholly in the row read under run-aligned masks, and the program whose
+# segment holds one of the row's two partial runs reads it apart, element by
+# element, as its `edge` (FRAME 0: no edge; the helpers then pass a placeholder).
 
 
 @triton.jit
-def _load_x(x_ptr, row, n_rows, cols, n_cols, inner):
-    """A segment of x in the compute dtype (-inf past the last row)."""
-    return _compute_dtype(_load_stored(x_ptr, row, n_rows, cols, n_cols, inner, -float("inf")))
+def _row_frame(row, n_cols, inner, FRAME: tl.constexpr):
+    """(start, skew, body_end) of `row`: where its reads start, its first column's place, and
+    the end of its whole runs; unframed, (its start, 0, n_cols)."""
+    start = _row_start(row, n_cols, inner)
+    skew = 0
+    body_end = n_cols
+    if FRAME:
+        start, skew, body_end = peeled_frame(start, n_cols, FRAME)
+    return start, skew, body_end
 
 
 @triton.jit
-def _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):
+def _edge_places(segment, body_end, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
+    """The frame places of a framed row's partial runs, [0, FRAME) and [body_end, body_end + FRAME),
+    and which of them lie in `segment` (a run never straddles two: SEGMENT is a multiple of FRAME)."""
+    lane = tl.arange(0, 2 * FRAME)
+    place = tl.where(lane < FRAME, lane, body_end - FRAME + lane)
+    return place, place // SEGMENT == segment
+
+
+@triton.jit
+def _load_stored(ptr, row, n_rows, segment, cols, n_cols, inner, other, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
+    """The row's segment in its storage dtype, and its edge (FRAME); all `other` (nothing read) when
+    row >= n_rows."""
+    start, skew, body_end = _row_frame(row, n_cols, inner, FRAME)
+    edge = other  # one return statement: Triton types every return alike, also under a constexpr if
+    if FRAME:
+        # Past the last row both ends are 0: nothing is read.  (A where of two scalars keeps the
+        # bound a multiple of FRAME to the compiler, as `end` below keeps n_cols's multiple.)
+        body_end = tl.where(row < n_rows, body_end, 0)
+        x = tl.load(ptr + start + cols, mask=(cols >= FRAME) & (cols < body_end), other=other)
+        place, here = _edge_places(segment, body_end, SEGMENT, FRAME)
+        end = tl.where(row < n_rows, skew + n_cols, 0)
+        edge = tl.load(ptr + start + place, mask=here & (place >= skew) & (place < end), other=other)
+    else:
+        end = tl.where(row < n_rows, n_cols, 0)
+        x = tl.load(ptr + _offsets(start, cols, inner), mask=cols < end, other=other)
+    return x, edge
+
+
+@triton.jit
+def _store_segment(ptr, row, segment, cols, n_cols, inner, value, edge, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
+    """Write the row's segment (and its edge, FRAME) of the output."""
+    start, skew, body_end = _row_frame(row, n_cols, inner, FRAME)
+    if FRAME:
+        tl.store(ptr + start + cols, value.to(ptr.dtype.element_ty), mask=(cols >= FRAME) & (cols < body_end))
+        place, here = _edge_places(segment, body_end, SEGMENT, FRAME)
+        tl.store(ptr + start + place, edge.to(ptr.dtype.element_ty), mask=here & (place >= skew) & (place < skew + n_cols))
+    else:
+        _store_row(ptr, start, cols, n_cols, inner, value)
+
+
+@triton.jit
+def _load_x(x_ptr, row, n_rows, segment, cols, n_cols, inner, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
+    """A segment of x and its edge in the compute dtype (-inf past the last row)."""
+    x, edge = _load_stored(x_ptr, row, n_rows, segment, cols, n_cols, inner, -float("inf"), SEGMENT, FRAME)
+    if FRAME:
+        edge = _compute_dtype(edge)
+    return _compute_dtype(x), edge
+
+
+@triton.jit
+def _segment_max_exp(x, edge, FRAME: tl.constexpr):
+    """A segment's max, exp(x - max) and its edge's exp(edge - max) (FRAME; else the placeholder)."""
+    if FRAME:
+        seg_max = tl.maximum(tl.max(x, axis=0), tl.max(edge, axis=0))
+        shift = finite_or_zero(seg_max)
+        numerator = exp(x - shift)
+        edge = exp(edge - shift)
+    else:
+        seg_max, numerator = _block_max_exp(x)
+    return seg_max, numerator, edge
+
+
+@triton.jit
+def _numerators_sum(numerator, edge, FRAME: tl.constexpr):
+    """The sum of a segment's numerators, its edge's among them."""
+    total = tl.sum(numerator, axis=0)
+    if FRAME:
+        total += tl.sum(edge, axis=0)
+    return total
+
+
+@triton.jit
+def _segments_max_sum_here(x_ptr, row, n_cols, inner, n_segments,
+                           SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
     """Every segment's (max, sum) of a row, computed by this program: the same
     code on the same blocks as the programs that own them, so the same bits."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
     part_max = tl.full((SEGMENTS_BLOCK,), -float("inf"), tl.float32)
     part_sum = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
     for segment in range(0, n_segments):
-        x = _load_row(x_ptr, start, segment * SEGMENT + tl.arange(0, SEGMENT), n_cols, inner, -float("inf"))
-        seg_max, seg_sum = _block_max_sum(x)
+        cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+        x, edge = _load_x(x_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME)
+        seg_max, numerator, edge = _segment_max_exp(x, edge, FRAME)
         part_max = tl.where(segments == segment, seg_max, part_max)
-        part_sum = tl.where(segments == segment, seg_sum, part_sum)
+        part_sum = tl.where(segments == segment, _numerators_sum(numerator, edge, FRAME), part_sum)
     return part_max, part_sum
 
 
 @triton.jit
-def _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max, numerator,
-                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+def _write_held_segment(x_ptr, y_ptr, words_ptr, row, segment, cols, n_cols, inner, n_segments, max_spins, seg_max,
+                        numerator, edge, SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
     """Wait for the row's words, combine them and write y's segment from its numerators."""
     words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
     if published:
         part_max, part_sum = unpack(words)
     else:
-        part_max, part_sum = _segments_max_sum_here(x_ptr, start, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
-        # Compute this segment's numerator again rather than keep it in registers through the loop above.
-        seg_max, numerator = _block_max_exp(_load_row(x_ptr, start, cols, n_cols, inner, -float("inf")))
+        part_max, part_sum = _segments_max_sum_here(x_ptr, row, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK,
+                                                    FRAME)  # fmt: skip
+        # Compute this segment's numerators again rather than keep them in registers through the loop above.
+        x, edge = _load_x(x_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME)
+        seg_max, numerator, edge = _segment_max_exp(x, edge, FRAME)
     row_max, row_sum = _combine_partials(part_max, part_sum)
-    _store_row(y_ptr, start, cols, n_cols, inner, numerator * _rescale(seg_max, row_max, row_sum))
+    factor = _rescale(seg_max, row_max, row_sum)
+    _store_segment(y_ptr, row, segment, cols, n_cols, inner, numerator * factor, edge * factor, SEGMENT, FRAME)
 
 
 @triton.jit
 def softmax_forward_held_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, LOAD_NEXT: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    OVERLAPPED: tl.constexpr,
+    OVERLAPPED: tl.constexpr, FRAME: tl.constexpr,
 ):
     """Rows held on chip across programs: publish (max, sum) of the segment, wait, write y
     (the plan's PUBLISH_THEN_WAIT).
@@ -95,41 +177,44 @@ def softmax_forward_held_kernel(
     than x: after the wait y is that times one factor, exp(segment max - row
     max) / row sum, with no second exp over the segment.  LOAD_NEXT: when the
     next round's segment is loaded (plan.py, Tuning.load_before_partial_segments), to stream in while this
-    round works and waits: "before_partial" or "during_wait"."""
+    round works and waits: "before_partial" or "during_wait".  FRAME: rows framed at a 16-byte
+    boundary (see above)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    x = _load_x(x_ptr, first_row, n_rows, cols, n_cols, inner)
+    x, edge = _load_x(x_ptr, first_row, n_rows, segment, cols, n_cols, inner, SEGMENT, FRAME)
     wait_for_fill(OVERLAPPED)
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        start = _row_start(row, n_cols, inner)
         if LOAD_NEXT == "before_partial":
-            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
-        seg_max, numerator = _block_max_exp(x)
-        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, tl.sum(numerator, axis=0)))
+            x_next, edge_next = _load_x(x_ptr, next_row, n_rows, segment, cols, n_cols, inner, SEGMENT, FRAME)
+        seg_max, numerator, edge = _segment_max_exp(x, edge, FRAME)
+        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, _numerators_sum(numerator, edge, FRAME)))
         if LOAD_NEXT == "during_wait":
-            x_next = _load_x(x_ptr, next_row, n_rows, cols, n_cols, inner)
-        _write_held_segment(x_ptr, y_ptr, words_ptr, start, row, cols, n_cols, inner, n_segments, max_spins, seg_max,
-                            numerator, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
-        x = x_next
+            x_next, edge_next = _load_x(x_ptr, next_row, n_rows, segment, cols, n_cols, inner, SEGMENT, FRAME)
+        _write_held_segment(x_ptr, y_ptr, words_ptr, row, segment, cols, n_cols, inner, n_segments, max_spins, seg_max,
+                            numerator, edge, SEGMENT, SEGMENTS_BLOCK, FRAME)  # fmt: skip
+        x, edge = x_next, edge_next
 
 
 @triton.jit
-def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments, OVERLAPPED: tl.constexpr):
-    """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max and exp(x - max).
-    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
-    seg_max, numerator = _block_max_exp(_load_x(x_ptr, row, n_rows, cols, n_cols, inner))
+def _publish_max_sum(x_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments,
+                     OVERLAPPED: tl.constexpr, SEGMENT: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment, publish its (max, sum) word (none past the last row); its max, exp(x - max)
+    and its edge's.  OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
+    x, edge = _load_x(x_ptr, row, n_rows, segment, cols, n_cols, inner, SEGMENT, FRAME)
+    seg_max, numerator, edge = _segment_max_exp(x, edge, FRAME)
     wait_for_fill(OVERLAPPED)
     if row < n_rows:
-        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, tl.sum(numerator, axis=0)))
-    return seg_max, numerator
+        publish(words_ptr, partial_at(row, segment, n_segments), pack(seg_max, _numerators_sum(numerator, edge, FRAME)))
+    return seg_max, numerator, edge
 
 
 @triton.jit
 def softmax_forward_lagged_kernel(
     x_ptr, y_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr, OVERLAPPED: tl.constexpr,
+    FRAME: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead: the next
     row's (max, sum) goes out before the wait for this row's words.
@@ -142,75 +227,95 @@ def softmax_forward_lagged_kernel(
     columns (16-bit rows: see plan.py's Tuning)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    seg_max, numerator = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments,
-                                          OVERLAPPED)  # fmt: skip
+    seg_max, numerator, edge = _publish_max_sum(x_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner,
+                                                n_segments, OVERLAPPED, SEGMENT, FRAME)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        next_max, next_numerator = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner,
-                                                    n_segments, False)  # fmt: skip
-        _write_held_segment(x_ptr, y_ptr, words_ptr, _row_start(row, n_cols, inner), row, cols, n_cols, inner, n_segments,
-                            max_spins, seg_max, numerator, SEGMENT, SEGMENTS_BLOCK)  # fmt: skip
-        seg_max, numerator = next_max, next_numerator
+        next_max, next_numerator, next_edge = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols,
+                                                               inner, n_segments, False, SEGMENT, FRAME)  # fmt: skip
+        _write_held_segment(x_ptr, y_ptr, words_ptr, row, segment, cols, n_cols, inner, n_segments, max_spins, seg_max,
+                            numerator, edge, SEGMENT, SEGMENTS_BLOCK, FRAME)  # fmt: skip
+        seg_max, numerator, edge = next_max, next_numerator, next_edge
 
 
 @triton.jit
-def _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner):
-    """A segment of dy and of y, in their storage dtype (zeros past the last row)."""
-    dy = _load_stored(dy_ptr, row, n_rows, cols, n_cols, inner, 0.0)
-    return dy, _load_stored(y_ptr, row, n_rows, cols, n_cols, inner, 0.0)
+def _load_dy_y(dy_ptr, y_ptr, row, n_rows, segment, cols, n_cols, inner, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
+    """A segment of dy and of y and their edges, in their storage dtype (zeros past the last row)."""
+    dy, dy_edge = _load_stored(dy_ptr, row, n_rows, segment, cols, n_cols, inner, 0.0, SEGMENT, FRAME)
+    y, y_edge = _load_stored(y_ptr, row, n_rows, segment, cols, n_cols, inner, 0.0, SEGMENT, FRAME)
+    return dy, y, dy_edge, y_edge
 
 
 @triton.jit
-def _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments,
-                       SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr):  # fmt: skip
+def _dot_here(dy, y, dy_edge, y_edge, FRAME: tl.constexpr):
+    """A segment's sum(dy * y), its edge's products among them."""
+    dot = _segment_dot(dy, y)
+    if FRAME:
+        dot += _segment_dot(dy_edge, y_edge)
+    return dot
+
+
+@triton.jit
+def _segments_dot_here(dy_ptr, y_ptr, row, n_cols, inner, n_segments,
+                       SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
     """Every segment's sum(dy * y) of a row, computed by this program (see _segments_max_sum_here)."""
     segments = tl.arange(0, SEGMENTS_BLOCK)
     part_dot = tl.zeros((SEGMENTS_BLOCK,), tl.float32)
     for segment in range(0, n_segments):
         cols = segment * SEGMENT + tl.arange(0, SEGMENT)
-        dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
-        part_dot = tl.where(segments == segment, _segment_dot(dy, y), part_dot)
+        dy, y, dy_edge, y_edge = _load_dy_y(dy_ptr, y_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME)
+        part_dot = tl.where(segments == segment, _dot_here(dy, y, dy_edge, y_edge, FRAME), part_dot)
     return part_dot
 
 
 @triton.jit
 def _publish_dot(dy_ptr, y_ptr, words_ptr, row, n_rows, segment, cols, n_cols, inner, n_segments,
-                 OVERLAPPED: tl.constexpr):  # fmt: skip
-    """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy and y.
-    OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
-    dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
+                 OVERLAPPED: tl.constexpr, SEGMENT: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
+    """Load `row`'s segment of dy and y, publish its sum(dy * y) word (none past the last row); dy, y
+    and their edges.  OVERLAPPED: this is the kernel's first publish (see wait_for_fill)."""
+    dy, y, dy_edge, y_edge = _load_dy_y(dy_ptr, y_ptr, row, n_rows, segment, cols, n_cols, inner, SEGMENT, FRAME)
     wait_for_fill(OVERLAPPED)
     if row < n_rows:
-        publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_segment_dot(dy, y)))
-    return dy, y
+        publish(words_ptr, partial_at(row, segment, n_segments), _pack_dot(_dot_here(dy, y, dy_edge, y_edge, FRAME)))
+    return dy, y, dy_edge, y_edge
+
+
+@triton.jit
+def _softmax_gradient(dy, y, dot):
+    """dx = y * (dy - dot), from the stored dy and y, in the compute dtype."""
+    return _compute_dtype(y) * (_compute_dtype(dy) - dot)
 
 
 @triton.jit
 def softmax_backward_lagged_kernel(
     dy_ptr, y_ptr, dx_ptr, words_ptr, n_rows, n_cols, inner, n_segments, rows_at_once, max_spins,
     SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    OVERLAPPED: tl.constexpr,
+    OVERLAPPED: tl.constexpr, FRAME: tl.constexpr,
 ):
     """Rows held on chip across programs, publishing a round ahead (see
     softmax_forward_lagged_kernel): the next row's sum(dy * y) goes out
     before the wait for this row's words, then dx is written."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
-    dy, y = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner, n_segments,
-                         OVERLAPPED)  # fmt: skip
+    dy, y, dy_edge, y_edge = _publish_dot(dy_ptr, y_ptr, words_ptr, first_row, n_rows, segment, cols, n_cols, inner,
+                                          n_segments, OVERLAPPED, SEGMENT, FRAME)  # fmt: skip
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        dy_next, y_next = _publish_dot(dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments,
-                                       False)  # fmt: skip
+        dy_next, y_next, dy_edge_next, y_edge_next = _publish_dot(
+            dy_ptr, y_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments, False, SEGMENT, FRAME
+        )
         words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
         if published:
             _, part_dot = unpack(words)
         else:
-            part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_rows, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK)
+            part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK, FRAME)
             # Read this segment again rather than keep it in registers through the loop above.
-            dy, y = _load_dy_y(dy_ptr, y_ptr, row, n_rows, cols, n_cols, inner)
+            dy, y, dy_edge, y_edge = _load_dy_y(dy_ptr, y_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME)
         dot = tl.sum(part_dot, axis=0)
-        _store_row(dx_ptr, _row_start(row, n_cols, inner), cols, n_cols, inner, _compute_dtype(y) * (_compute_dtype(dy) - dot))
-        dy, y = dy_next, y_next
+        edge = dy_edge
+        if FRAME:
+            edge = _softmax_gradient(dy_edge, y_edge, dot)
+        _store_segment(dx_ptr, row, segment, cols, n_cols, inner, _softmax_gradient(dy, y, dot), edge, SEGMENT, FRAME)
+        dy, y, dy_edge, y_edge = dy_next, y_next, dy_edge_next, y_edge_next

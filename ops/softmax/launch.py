@@ -166,5 +166,5 @@ def launch_held(plan: HeldPlan, tensors, words: torch.Tensor, overlap: dict) -> 
     load_next = {} if plan.load_next is None else {"LOAD_NEXT": plan.load_next}
     launcher(capped, like)[plan.grid](
         *tensors, words, rows.n_rows, rows.n_cols, rows.inner, *counts, **sizes, COL_MULTIPLE=rows.col_multiple,
-        **load_next, **overlap,
+        FRAME=plan.frame, **load_next, **overlap,
     )  # fmt: skip

@@ -17,8 +17,9 @@ import tuned as tuned_ops
 from ptx_checks import assert_publishes_without_release, assert_waits_for_the_fill_before_the_scratch, build_for_hopper
 from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_error, strided_versions
 
+from ops.blocks.alignment import frame_run
 from ops.blocks.held_rows import UNPUBLISHED, unpublished_words, words_block
-from ops.blocks.sizes import next_power_of_2
+from ops.blocks.sizes import cdiv, next_power_of_2
 from ops.runtime import H100, INTERPRETER, DeviceFacts
 from ops.runtime.direct import run_direct
 from ops.softmax import launch as softmax_launch, op as softmax_op
@@ -435,17 +436,20 @@ def test_softmax_split_gradcheck(launched):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_held_rows_match_float64(launched, dtype):
     cases = [  # 8 programs, segments of 32 columns
-        ((5, 100), -1),  # 4 segments, the last of 4 columns; 2 rows a round, 3 rounds
+        ((5, 100), -1),  # 4 segments, the last short; 2 rows a round, 3 rounds (16-bit rows: framed)
         ((3, 256), -1),  # 8 segments exactly: one row a round
-        ((1, 250), -1),  # one row
+        ((1, 249), -1),  # one row; framed, its span (249 + 7 or + 3) still 8 segments
+        ((9, 101), -1),  # framed in every dtype but float64: rows start at every skew of a 16-byte run
         ((2, 100, 3), 1),  # a non-last dim, elements 3 apart
         ((7, 65), -1),  # 3 segments, the last of one column; 2 rows a round, the last round 1
     ]
     for shape, dim in cases:
         launched.clear()
         check_softmax_and_gradient(tuned(SMALL_HELD), (4 * torch.randn(shape)).to(dtype), dim)
-        expected = DESIGN_KERNELS[held_design(dtype) if dtype != torch.float64 else "split"]  # no float64 design
-        assert launched == expected, (shape, launched)
+        if dtype == torch.float64:  # no float64 design: rows read twice, split or one program a row
+            assert launched in (DESIGN_KERNELS["split"], DESIGN_KERNELS["looped"]), (shape, launched)
+        else:
+            assert launched == DESIGN_KERNELS[held_design(dtype)], (shape, launched)
 
 
 def test_softmax_held_rows_with_minus_inf_and_extreme_values(launched):
@@ -515,6 +519,19 @@ def _load_places(direction, dtype):
     return (None,) if design.family == LAGGED else LOAD_PLACES
 
 
+def _in_segments(values, padding, element_size):
+    """Rows of 100 columns as the held kernels cut them on CPU (segments of cpu_segment columns): in
+    16-bit rows (200 bytes, off 16-byte boundaries one row in two), counted in a frame from the boundary
+    at or before each row (frame_run), padded before and after; 4 segments a row either way."""
+    segment, n_rows, n_cols = SMALL_HELD.cpu_segment, *values.shape
+    run = frame_run(n_cols, 1, element_size)
+    rows = []
+    for r in range(n_rows):
+        skew = (r * n_cols) % run if run else 0
+        rows.append(F.pad(values[r], (skew, 4 * segment - skew - n_cols), value=padding))
+    return torch.stack(rows).view(n_rows, 4, segment)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two designs of each direction
 def test_softmax_held_published_partials_give_the_same_bits(dtype):
     """The path a GPU takes when all programs run at once (partials read from the
@@ -543,15 +560,14 @@ def test_softmax_held_published_partials_give_the_same_bits(dtype):
     # Every word published, and it holds its segment's partial (segments of cpu_segment columns).
     assert (forward_words != UNPUBLISHED.value).all()
     assert (backward_words != UNPUBLISHED.value).all()
-    segment = SMALL_HELD.cpu_segment
-    padded = F.pad(x.double(), (0, 128 - 100), value=-float("inf")).view(5, -1, segment)
+    padded = _in_segments(x.double(), -float("inf"), x.element_size())
     segment_max = padded.amax(-1)
     word_max, word_sum = _unpacked(forward_words)
     torch.testing.assert_close(word_max[finite].double(), segment_max[finite])
     torch.testing.assert_close(word_sum[finite].double(), (padded - segment_max[..., None]).exp().sum(-1)[finite])
     assert word_sum[2, 1:3].isnan().all()  # the segments with NaN: their sum, then their row, are NaN
     _, word_dot = _unpacked(backward_words)
-    dots = F.pad(grad.double() * y.double(), (0, 128 - 100)).view(5, -1, segment).sum(-1)
+    dots = _in_segments(grad.double() * y.double(), 0.0, y.element_size()).sum(-1)
     torch.testing.assert_close(word_dot[finite].double(), dots[finite], rtol=1e-2, atol=1e-3)
 
 
@@ -769,9 +785,9 @@ def test_softmax_held_kernels_publish_without_release(direction, element_size):
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update({name: "*bf16" if element_size == 2 else "*fp32" for name in pointers}, words_ptr="*i64")
-    for overlapped in (False, True):
+    for overlapped, frame in [(False, 0), (True, 0), (True, 16 // element_size)]:
         constants = dict(SEGMENT=design.setup.segment, SEGMENTS_BLOCK=words_block(design.setup.warps, 8),
-                         OVERLAPPED=overlapped)  # fmt: skip
+                         OVERLAPPED=overlapped, FRAME=frame)  # fmt: skip
         if design.family == PUBLISH_THEN_WAIT:
             constants["LOAD_NEXT"] = "during_wait"
         signature.update({name: "constexpr" for name in constants})
@@ -885,3 +901,18 @@ def test_the_lesson_variants_compute_the_op(name, variants):
     assert sorted(spec.unfused) == sorted(variants)
     for variant in variants:
         assert rel_error(spec.unfused[variant](x), want) <= TOLERANCE[torch.float32], variant
+
+
+def test_softmax_held_rows_off_16_byte_boundaries_are_framed():
+    """Rows whose starts are off 16-byte boundaries take the Triton held kernels framed at the boundary
+    before each row (FRAME: the elements in a 16-byte run of the narrowest tensor), their segments
+    covering the row's span (n_cols + FRAME - 1).  Rows that start on boundaries, rows of another dim
+    and the Gluon forwards take none."""
+    gpt2 = h100_plan(4096, 50257, 2, FORWARD, eager=False)
+    assert isinstance(gpt2, HeldPlan) and gpt2.frame == 8 and gpt2.n_segments == 7  # cdiv(50257 + 7, 8192)
+    assert h100_plan(4096, 50257, 2, BACKWARD).frame == 8
+    assert h100_plan(4096, 50257, 4, FORWARD).frame == 4
+    assert h100_plan(64, 8192 * 8, 2, FORWARD, eager=False).frame == 0  # rows on boundaries
+    assert h100_plan(64, 8192 * 8 + 4, 4, FORWARD).frame == 0  # 16 bytes a 4 float32 columns
+    # A span just past whole segments takes one segment more: 65536 + 1 columns, 9 segments with the frame's 7.
+    assert h100_plan(64, 65537, 2, BACKWARD).n_segments == cdiv(65537 + 7, 4096)

@@ -150,3 +150,20 @@ def test_matmul_rows_1000_elements_apart_move_16_bytes_an_access():
     launch.args.update({name: 1 for name in launch.args if name.endswith("_MULTIPLE")})
     untold = _global_accesses(launch, config)
     assert "ld.global.b16" in untold and "st.global.b16" in untold, untold
+
+
+@pytest.mark.parametrize("op", ["softmax", "softmax_backward"])
+def test_softmax_rows_of_50257_are_framed_to_move_16_bytes_an_access(op):
+    """Rows of GPT-2's 50257 bfloat16 columns start off 16-byte boundaries (seven in eight): the held kernel
+    reads them in a frame that starts on one, so the runs wholly in a row move 16 bytes an access
+    (ld/st.global.v4) and only the two partial runs at its ends one element at a time.  Unframed
+    (FRAME=0), every access moves 2 bytes."""
+    found = launches.planned_launches(ops.get_spec(op), (4096, 50257), torch.bfloat16).launches
+    (launch,) = [la for la in found if la.kernel != "unpublish_kernel"]
+    assert launch.args["FRAME"] == 8, launch.args
+    config = launch.configs[0] if launch.configs else None
+    framed = _global_accesses(launch, config)
+    assert {"ld.global.v4.b32", "st.global.v4.b32"} <= framed, framed
+    launch.args["FRAME"] = 0
+    unframed = _global_accesses(launch, config)
+    assert "ld.global.v4.b32" not in unframed and "st.global.v4.b32" not in unframed, unframed
