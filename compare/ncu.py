@@ -210,7 +210,7 @@ def profile_case(sweep, op_dir: Path, progress=None) -> dict:
         if v.kind == "peer" and "cuda" not in v.peer_devices:
             continue
         if progress is not None:
-            progress(f"ncu: {v.name} ({result['dtype']} {result['shape_label']})")
+            progress.status(f"ncu: {v.name} ({result['dtype']} {result['shape_label']})")
         report = folder / f"{v.name}.ncu-rep"
         command = profile_command(ncu, report, child_argv(spec.name, v.name, result["dtype"], shape))
         result["command"] = result["command"] or " ".join(command)

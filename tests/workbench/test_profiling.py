@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ops
 from compare import cli, ncu, profiling
 
 DATA = Path(__file__).parent / "data"
@@ -108,3 +109,31 @@ def test_a_trace_and_its_table(tmp_path):
     by_name = {r["name"]: r for r in about["rows"]}
     assert by_name["aten::exp"]["calls"] == 1 and by_name["aten::exp"]["self_cpu_us"] > 0
     assert "aten::exp" in (folder / "key_averages.txt").read_text()
+
+
+def test_profile_case_runs_each_variant_and_reports_progress(tmp_path, monkeypatch):
+    """profile_case end to end with ncu's two commands stood in for (a report written, the sample raw CSV
+    read back): a summary row per variant's kernel, and a status line per variant on the run's Progress
+    (the GPU run once called the Progress object itself and stopped there)."""
+    import io
+    import types
+
+    from compare.progress import Progress
+
+    def fake_run(command, timeout):
+        if "--import" in command:
+            return types.SimpleNamespace(returncode=0, stdout=(DATA / "ncu_raw.csv").read_text(), stderr="")
+        Path(command[command.index("--export") + 1]).write_bytes(b"report")
+        return types.SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(ncu, "ncu_path", lambda: "/opt/ncu")
+    monkeypatch.setattr(ncu, "_run", fake_run)
+    spec = ops.get_spec("softmax")
+    variants = [types.SimpleNamespace(name=name, kind=name, peer_devices=()) for name in ("eager", "tk")]
+    sweep = types.SimpleNamespace(spec=spec, variants=variants, cases=lambda: [(torch.bfloat16, (64, 1000))])
+    stream = io.StringIO()
+    result = ncu.profile_case(sweep, tmp_path, Progress(stream))
+    assert not result["errors"], result["errors"]
+    assert {row["variant"] for row in result["rows"]} == {"eager", "tk"}
+    assert "ncu: eager (bfloat16" in stream.getvalue() and "ncu: tk (bfloat16" in stream.getvalue()
+    assert json.loads((tmp_path / "ncu" / "summary.json").read_text())["rows"] == result["rows"]
