@@ -180,7 +180,8 @@ def test_softmax_with_a_dtype_in_every_design(launched, x_dtype, dtype):
     """Every design writes its result in a dtype other than its inputs'.  Rows held on chip take
     the design of the widest dtype: a 16-bit x with a float32 y, the float32 kernels both ways."""
     held = "lagged" if dtype == torch.float32 else "publish_then_wait"  # a float32 x is cast to float16 first
-    for shape, design in [((37, 10), "single"), ((9, 70), "looped"), ((3, 120), "split"), ((5, 100), held)]:
+    # Rows of 96 start on 16-byte boundaries: the 16-bit forward keeps its own design (framed rows: lagged).
+    for shape, design in [((37, 10), "single"), ((9, 70), "looped"), ((3, 120), "split"), ((5, 96), held)]:
         launched.clear()
         softmax = tuned(replace(SMALL, cpu_held_rows=design == held))
         check_softmax_with_dtype(softmax, (4 * torch.randn(shape)).to(x_dtype), -1, dtype)
@@ -289,9 +290,18 @@ DESIGN_KERNELS = {  # forward, then backward
 }
 
 
-def held_design(dtype) -> str:
-    """The design of rows held on chip across programs, by dtype (float64 has none)."""
-    return "lagged" if dtype == torch.float32 else "publish_then_wait"
+def framed(dtype, shape, dim=-1) -> bool:
+    """Whether rows of `shape` along `dim` start off 16-byte boundaries (the held kernels frame them)."""
+    inner = math.prod(shape[dim % len(shape) + 1 :])
+    return bool(frame_run(shape[dim], inner, torch.empty((), dtype=dtype).element_size()))
+
+
+def held_design(dtype, shape=None, dim=-1) -> str:
+    """The design of rows held on chip across programs, by dtype (float64 has none); the 16-bit forward
+    of framed rows is lagged too."""
+    if dtype == torch.float32 or (shape is not None and framed(dtype, shape, dim)):
+        return "lagged"
+    return "publish_then_wait"
 
 
 def staged_forward_here() -> bool:
@@ -449,7 +459,7 @@ def test_softmax_held_rows_match_float64(launched, dtype):
         if dtype == torch.float64:  # no float64 design: rows read twice, split or one program a row
             assert launched in (DESIGN_KERNELS["split"], DESIGN_KERNELS["looped"]), (shape, launched)
         else:
-            assert launched == DESIGN_KERNELS[held_design(dtype)], (shape, launched)
+            assert launched == DESIGN_KERNELS[held_design(dtype, shape, dim)], (shape, launched)
 
 
 def test_softmax_held_rows_with_minus_inf_and_extreme_values(launched):
@@ -468,10 +478,13 @@ def test_softmax_held_rows_with_minus_inf_and_extreme_values(launched):
     assert launched == DESIGN_KERNELS["lagged"][:1]
 
 
-def triton_held_design(direction, element_size):
-    """Tuning's held design in Triton for a direction and the widest element size."""
+def triton_held_design(direction, element_size, n_cols=None):
+    """Tuning's held design in Triton for a direction and the widest element size (and rows of n_cols
+    along the last dim: the 16-bit forward of framed rows has its own)."""
     forward = direction == FORWARD
     if element_size == 2:
+        if forward and n_cols is not None and frame_run(n_cols, 1, element_size):
+            return TUNING.forward_16bit_framed
         return TUNING.forward_16bit if forward else TUNING.backward_16bit
     return TUNING.forward_float32 if forward else TUNING.backward_float32
 
@@ -513,41 +526,43 @@ def _unpacked(words):
 LOAD_PLACES = ("before_partial", "during_wait")  # the 16-bit forward's (the lagged kernels take none)
 
 
-def _load_places(direction, dtype):
+def _load_places(direction, dtype, n_cols):
     """The load places to try for a direction's design: one run (no place) for a lagged kernel."""
-    design = triton_held_design(direction, torch.empty((), dtype=dtype).element_size())
+    design = triton_held_design(direction, torch.empty((), dtype=dtype).element_size(), n_cols)
     return (None,) if design.family == LAGGED else LOAD_PLACES
 
 
 def _in_segments(values, padding, element_size):
-    """Rows of 100 columns as the held kernels cut them on CPU (segments of cpu_segment columns): in
-    16-bit rows (200 bytes, off 16-byte boundaries one row in two), counted in a frame from the boundary
-    at or before each row (frame_run), padded before and after; 4 segments a row either way."""
+    """Rows as the held kernels cut them on CPU (segments of cpu_segment columns), padded before and
+    after: rows off 16-byte boundaries (16-bit rows of 100: 200 bytes, one row in two) counted in a
+    frame from the boundary at or before each row (frame_run), their span n_cols + run - 1."""
     segment, n_rows, n_cols = SMALL_HELD.cpu_segment, *values.shape
     run = frame_run(n_cols, 1, element_size)
+    n_segments = cdiv(n_cols + (run - 1 if run else 0), segment)
     rows = []
     for r in range(n_rows):
         skew = (r * n_cols) % run if run else 0
-        rows.append(F.pad(values[r], (skew, 4 * segment - skew - n_cols), value=padding))
-    return torch.stack(rows).view(n_rows, 4, segment)
+        rows.append(F.pad(values[r], (skew, n_segments * segment - skew - n_cols), value=padding))
+    return torch.stack(rows).view(n_rows, n_segments, segment)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the two designs of each direction
-def test_softmax_held_published_partials_give_the_same_bits(dtype):
+@pytest.mark.parametrize("n_cols", [100, 96])  # 16-bit rows of 100 are framed (the lagged forward), of 96 not
+def test_softmax_held_published_partials_give_the_same_bits(dtype, n_cols):
     """The path a GPU takes when all programs run at once (partials read from the
     scratch) and the one it takes when they do not (computed here): same bits,
     wherever the next round's loads are issued, and whether a program publishes
     a round ahead (float32 forwards, every backward).  The words hold each
     segment's (max, sum of exp(x - max)), and for the backward its sum(dy * y)."""
-    x = (4 * torch.randn(5, 100)).to(dtype)
+    x = (4 * torch.randn(5, n_cols)).to(dtype)
     x[2, 40:70] = float("nan")  # a NaN partial: its word must still count as published
-    grad, y = torch.randn(5, 100).to(dtype), torch.softmax(x, -1)
+    grad, y = torch.randn(5, n_cols).to(dtype), torch.softmax(x, -1)
     forward, backward = [], []
-    for load_next in _load_places(FORWARD, dtype):
-        outputs, forward_words = _held_twice(FORWARD, (x, torch.empty_like(x)), 100, load_next)
+    for load_next in _load_places(FORWARD, dtype, n_cols):
+        outputs, forward_words = _held_twice(FORWARD, (x, torch.empty_like(x)), n_cols, load_next)
         forward += outputs
-    for load_next in _load_places(BACKWARD, dtype):
-        outputs, backward_words = _held_twice(BACKWARD, (grad, y, torch.empty_like(y)), 100, load_next)
+    for load_next in _load_places(BACKWARD, dtype, n_cols):
+        outputs, backward_words = _held_twice(BACKWARD, (grad, y, torch.empty_like(y)), n_cols, load_next)
         backward += outputs
     assert all(_same_bits(out, forward[0]) for out in forward[1:])
     assert all(_same_bits(out, backward[0]) for out in backward[1:])
@@ -660,7 +675,7 @@ def test_softmax_held_rows_on_the_gpu(launched, dtype):
         launched.clear()
         x = (4 * torch.randn(shape, device="cuda")).to(dtype)
         y, grad, dx = check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
-        design = held_design(dtype)
+        design = held_design(dtype, shape, dim)
         if aligned and dtype != torch.float32 and staged_forward_here():
             design = staged_design(shape[-1])
         assert launched == DESIGN_KERNELS[design], (shape, launched)
@@ -822,7 +837,7 @@ def test_softmax_long_row_edges_on_the_gpu(launched, dtype, n_segments):
     off.copy_(x)
     launched.clear()
     y_off = torch.ops.tk.softmax(off, -1)
-    assert launched == DESIGN_KERNELS[held_design(dtype)][:1]
+    assert launched == DESIGN_KERNELS[held_design(dtype, off.shape)][:1]
     assert torch.isnan(y_off[5]).all()
     assert_close(y_off[keep], expected[keep], dtype)
 
@@ -908,11 +923,13 @@ def test_softmax_held_rows_off_16_byte_boundaries_are_framed():
     before each row (FRAME: the elements in a 16-byte run of the narrowest tensor), their segments
     covering the row's span (n_cols + FRAME - 1).  Rows that start on boundaries, rows of another dim
     and the Gluon forwards take none."""
-    gpt2 = h100_plan(4096, 50257, 2, FORWARD, eager=False)
-    assert isinstance(gpt2, HeldPlan) and gpt2.frame == 8 and gpt2.n_segments == 7  # cdiv(50257 + 7, 8192)
+    gpt2 = h100_plan(4096, 50257, 2, FORWARD, eager=True, aligned=True, gluon=True)
+    assert isinstance(gpt2, HeldPlan) and gpt2.frame == 8 and gpt2.family == LAGGED  # forward_16bit_framed
+    assert gpt2.n_segments == cdiv(50257 + 7, TUNING.forward_16bit_framed.setup.segment) == 13
     assert h100_plan(4096, 50257, 2, BACKWARD).frame == 8
     assert h100_plan(4096, 50257, 4, FORWARD).frame == 4
-    assert h100_plan(64, 8192 * 8, 2, FORWARD, eager=False).frame == 0  # rows on boundaries
+    aligned = h100_plan(64, 8192 * 8 + 8, 2, FORWARD)  # rows on boundaries, not multiples of 16 columns
+    assert aligned.frame == 0 and aligned.family == PUBLISH_THEN_WAIT
     assert h100_plan(64, 8192 * 8 + 4, 4, FORWARD).frame == 0  # 16 bytes a 4 float32 columns
     # A span just past whole segments takes one segment more: 65536 + 1 columns, 9 segments with the frame's 7.
     assert h100_plan(64, 65537, 2, BACKWARD).n_segments == cdiv(65537 + 7, 4096)
