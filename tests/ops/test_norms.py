@@ -758,6 +758,27 @@ def test_norm_held_rows_published_partials_give_the_same_bits(op, dtype, rows_ah
     assert_close(dx_read, reference, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tuning", ["SMALL", "HELD"])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_constant_rows_in_every_design(launched, dtype, tuning, case):
+    """Constant rows stay exact in every design (tiles of whole rows, chunks merged, a held row's
+    segments merged): y is the bias, and the gradients as test_layer_norm_backward_of_constant_rows checks them."""
+    shape, forward, backward, *_ = case
+    n_rows, n_cols = shape
+    x = constant_rows(n_rows, n_cols, "cpu", dtype).contiguous()
+    weight, bias = params(n_cols, "cpu", dtype)
+    tk_fn = tuned("layer_norm", SMALL if tuning == "SMALL" else HELD)
+    assert torch.equal(tk_fn(x, weight, bias), bias.expand_as(x))
+    inputs = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+    check_gradients(tk_fn, affine_after_layer_norm(n_cols, EPS["layer_norm"]), inputs, dtype)
+    names = {name for name, *_ in launched}
+    forward_kernel, *backward_kernels = kernel_names("layer_norm", forward, backward)
+    if tuning == "HELD" and backward == "backward_long" and dtype != torch.float64:
+        backward_kernels = ["layer_norm_backward_held_kernel"]  # float64 keeps the two sweeps
+    assert names >= {forward_kernel, *backward_kernels}, names
+
+
 def test_the_held_rows_rule():
     """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
     that takes a row (one warp a program up to 128 segments, then wider programs; layer norm's up to
