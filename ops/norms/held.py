@@ -176,9 +176,14 @@ def layer_norm_backward_held_kernel(
                                                                HAS_WEIGHT, SEGMENT, SEGMENTS_BLOCK, FULL)  # fmt: skip
             # Read this segment again rather than keep it in registers through that loop.
             x_stored, dy_stored = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols)
-        # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once).
+        # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once),
+        # the mean corrected as _center corrects a row's: on a constant row every segment's mean is
+        # exact, sum(counts * means) / n need not be, and the correction makes it and the deltas exact.
         mean = tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0) / n_cols
         deltas = tl.where(inside, means_x - mean, 0.0)
+        shift = tl.sum(counts * deltas, axis=0) / n_cols  # one more reduction, of SEGMENTS_BLOCK values
+        mean += shift
+        deltas = tl.where(inside, deltas - shift, 0.0)
         m2 = tl.sum(tl.where(inside, m2s, 0.0) + counts * deltas * deltas, axis=0)
         mean_g = tl.sum(tl.where(inside, counts * means_g, 0.0), axis=0) / n_cols
         c = tl.sum(tl.where(inside, cs + counts * deltas * means_g, 0.0), axis=0)

@@ -95,15 +95,38 @@ def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS
 
 
 @triton.jit
+def _center(x, mask, count, AXIS: tl.constexpr):
+    """(x - mean, mean) along AXIS (1: the rows of a tile; 0: a chunk of one row), x - mean
+    0 where masked, in the corrected two-pass form: mean = sum(x) / n, d = x - mean, then
+    the sum of d (0 but for rounding) moves the mean by sum(d) / n and is taken out of d.
+
+    On a row of one value c, sum(x) / n can miss c by an ulp, which rstd magnifies (and a
+    weight of inf turns into inf where PyTorch's exact Welford mean gives 0 * inf = NaN).
+    d = c - mean is then one value in every lane, exact (Sterbenz), so sum(d) / n gives it
+    back exactly: the mean comes out as c and d as exactly 0.  The cost: one more
+    reduction of values already in registers, no memory traffic."""
+    mean = tl.sum(x, axis=AXIS) / count
+    if AXIS == 1:
+        mean = mean[:, None]
+    centered = tl.where(mask, x - mean, 0.0)
+    shift = tl.sum(centered, axis=AXIS) / count
+    if AXIS == 1:
+        shift = shift[:, None]
+    return tl.where(mask, centered - shift, 0.0), mean + shift
+
+
+@triton.jit
 def _standardize(x, mask, n_cols, eps, CENTERED: tl.constexpr):
     """(xhat, rstd) of a (BLOCK_M, BLOCK_N) tile of whole rows, reduced in registers.
 
     Padding lanes of x are 0 and stay 0 after centering, so they add nothing
     to the sums.  The whole row is at hand, so the variance takes the
-    two-pass form: the mean first, then the squares of x - mean."""
+    two-pass form: the mean first (corrected, see _center), then the squares
+    of x - mean."""
     if CENTERED:
-        mean = tl.sum(x, axis=1) / n_cols
-        x = tl.where(mask, x - mean[:, None], 0.0)
+        # M2 from the corrected x - mean, exactly 0 on a constant row (the uncorrected
+        # sum(d * d) - sum(d)^2 / n need not cancel to 0 under rounding, and can go negative).
+        x, _ = _center(x, mask, n_cols, 1)
     rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps)
     return x * rstd[:, None], rstd
 
@@ -113,9 +136,10 @@ def _standardize(x, mask, n_cols, eps, CENTERED: tl.constexpr):
 
 @triton.jit
 def _chunk_moments(x, mask, count):
-    """(mean, M2) of one chunk; masked lanes (x = 0 there) are left out."""
-    mean = tl.sum(x, axis=0) / count
-    centered = tl.where(mask, x - mean, 0.0)
+    """(mean, M2) of one chunk; masked lanes (x = 0 there) are left out.  The mean is
+    exact on a constant chunk (see _center), so merging such chunks keeps it exact
+    (their deltas are 0), and M2 takes the corrected x - mean (as _standardize)."""
+    centered, mean = _center(x, mask, count, 0)
     return mean, tl.sum(centered * centered, axis=0)
 
 
@@ -164,10 +188,10 @@ def _row_moments(x_ptr, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _chunk_comoments(x, g, mask, count):
-    """(mean x, mean g, M2 of x, co-moment sum((x - mean x) * (g - mean g))) of one chunk."""
-    mean_x = tl.sum(x, axis=0) / count
+    """(mean x, mean g, M2 of x, co-moment sum((x - mean x) * (g - mean g))) of one chunk;
+    mean x and x - mean x as _chunk_moments takes them (exact on a constant chunk)."""
+    dx, mean_x = _center(x, mask, count, 0)
     mean_g = tl.sum(g, axis=0) / count
-    dx = tl.where(mask, x - mean_x, 0.0)
     dg = tl.where(mask, g - mean_g, 0.0)
     return mean_x, mean_g, tl.sum(dx * dx, axis=0), tl.sum(dx * dg, axis=0)
 

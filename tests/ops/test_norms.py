@@ -137,6 +137,54 @@ def test_layer_norm_variance_survives_a_large_mean(device, n_cols):
     assert error < 8 * torch.finfo(torch.float32).eps * mean / std
 
 
+# Rows of one repeated value.  sum(x) / N need not give that value back (0.9 + 0.9 + 0.9 rounds
+# in float32, and 3 * 0.1 in float64), and an ulp of x - mean times rstd (1024 at CONSTANT_EPS)
+# shows; PyTorch's Welford mean is exact there.
+CONSTANTS = [0.9, 0.1, 1 / 3, 100.1, 9e-4]
+CONSTANT_EPS = 2.0**-20  # as the GPU fuzz drew it (exact in float32)
+
+
+def constant_rows(n_rows, n_cols, device, dtype):
+    """n_rows rows of n_cols copies of one value each, CONSTANTS in turn: a column expanded (stride 0 along the rows)."""
+    values = torch.tensor(CONSTANTS, dtype=torch.float64)[torch.arange(n_rows) % len(CONSTANTS)]
+    return values.to(device, dtype)[:, None].expand(n_rows, n_cols)
+
+
+def constant_layouts(n_cols, device, dtype):
+    """(name, x): one value expanded from a scalar (the fuzz's input), rows of CONSTANTS expanded, and contiguous."""
+    rows = constant_rows(2 * len(CONSTANTS), n_cols, device, dtype)
+    return [("scalar", rows[0, :1].squeeze().expand(n_cols)), ("expanded", rows), ("contiguous", rows.contiguous())]
+
+
+def affine_after_layer_norm(n_cols, eps):
+    """fn(x, w, b): PyTorch's layer norm with w and b applied after it, so that dw is sum(dy * xhat) of
+    its forward's xhat: exactly 0 on constant rows.  (Its fused backward takes dw as
+    sum(dy * (rstd * x - rstd * mean)), rounding noise of 1e-13 there, all of a zero gradient's error.)"""
+    return lambda x, w, b: F.layer_norm(x, (n_cols,), None, None, eps) * w + b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # rows in one block; 70_001: chunks merged
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")  # numpy, 0 * inf
+def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
+    """Found by the GPU fuzz: on a constant row x - mean is exactly 0, so y is exactly the bias (0
+    without one), and a weight of inf gives NaN there (0 * inf) as PyTorch's float64 does, not inf."""
+    weight, bias = params(n_cols, device, dtype)
+    for layout, x in constant_layouts(n_cols, device, dtype):
+        y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, CONSTANT_EPS)
+        assert torch.equal(y, bias.expand_as(y)), layout
+        y = torch.ops.tk.layer_norm(x, [n_cols], None, None, CONSTANT_EPS)
+        assert torch.equal(y, torch.zeros_like(y)), layout
+    weight[0] = float("inf")
+    for layout, x in constant_layouts(n_cols, device, dtype):
+        y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, CONSTANT_EPS)
+        expected = layer_norm_reference(x, [n_cols], weight, bias, CONSTANT_EPS)
+        assert expected[..., 0].isnan().all() and not expected[..., 1:].isnan().any()
+        assert torch.equal(y.isnan(), expected.isnan()), layout
+        assert torch.equal(y[..., 1:], bias[1:].expand_as(y[..., 1:])), layout
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rms_norm_default_eps_is_pytorchs(device, dtype):
@@ -279,6 +327,21 @@ def test_layer_norm_backward_matches_pytorch(device, dtype):
             [x, weight.requires_grad_(), bias.requires_grad_()],
             dtype,
         )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # one block, and two sweeps
+def test_layer_norm_backward_of_constant_rows(device, dtype, n_cols):
+    """xhat is 0 on a constant row: dw is exactly 0 (any error is all of it), and dx is rstd * (g - mean(g))."""
+    x = constant_rows(2 * len(CONSTANTS), n_cols, device, dtype).contiguous().requires_grad_()
+    weight, bias = params(n_cols, device, dtype)
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [n_cols], w, b, CONSTANT_EPS),
+        affine_after_layer_norm(n_cols, CONSTANT_EPS),
+        [x, weight.requires_grad_(), bias.requires_grad_()],
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -693,6 +756,27 @@ def test_norm_held_rows_published_partials_give_the_same_bits(op, dtype, rows_ah
             torch.testing.assert_close(g.double(), e, rtol=1e-2, atol=1e-2)
     reference = _backward(op, grad.double(), x.double(), weight.double(), True, False)[0]
     assert_close(dx_read, reference, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tuning", ["SMALL", "HELD"])
+@pytest.mark.parametrize("case", DESIGN_CASES, ids=[str(c[0]) for c in DESIGN_CASES])
+def test_constant_rows_in_every_design(launched, dtype, tuning, case):
+    """Constant rows stay exact in every design (tiles of whole rows, chunks merged, a held row's
+    segments merged): y is the bias, and the gradients as test_layer_norm_backward_of_constant_rows checks them."""
+    shape, forward, backward, *_ = case
+    n_rows, n_cols = shape
+    x = constant_rows(n_rows, n_cols, "cpu", dtype).contiguous()
+    weight, bias = params(n_cols, "cpu", dtype)
+    tk_fn = tuned("layer_norm", SMALL if tuning == "SMALL" else HELD)
+    assert torch.equal(tk_fn(x, weight, bias), bias.expand_as(x))
+    inputs = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+    check_gradients(tk_fn, affine_after_layer_norm(n_cols, EPS["layer_norm"]), inputs, dtype)
+    names = {name for name, *_ in launched}
+    forward_kernel, *backward_kernels = kernel_names("layer_norm", forward, backward)
+    if tuning == "HELD" and backward == "backward_long" and dtype != torch.float64:
+        backward_kernels = ["layer_norm_backward_held_kernel"]  # float64 keeps the two sweeps
+    assert names >= {forward_kernel, *backward_kernels}, names
 
 
 def test_the_held_rows_rule():
