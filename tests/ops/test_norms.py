@@ -186,6 +186,42 @@ def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_cols", [3, 1000])  # rows held whole in a tile, where x - mean comes from x - pivot
+def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
+    """float32 rows of 1e4 plus noise of std 1e-2, forward and backward within float32's tolerance of
+    float64: x minus the row's first element (the pivot) is exact there, and so is their sum.  sum(x) / N
+    missed the mean by up to half an ulp of 1e4 (5e-4), which shifted xhat by up to 5%."""
+    x = 1e4 + 1e-2 * torch.randn(pick(device, 6, 512), n_cols, device=device)
+    weight, bias = params(n_cols, device, torch.float32)
+    y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, 1e-5)
+    assert_close(y, layer_norm_reference(x, [n_cols], weight, bias, 1e-5), torch.float32)
+    check_gradients(
+        lambda x, w, b: torch.ops.tk.layer_norm(x, [n_cols], w, b, 1e-5),
+        lambda x, w, b: F.layer_norm(x, (n_cols,), w, b, 1e-5),
+        [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()],
+        torch.float32,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # rows in one block; 70_001: chunks merged
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")
+def test_layer_norm_of_rows_that_start_with_inf_or_nan(device, dtype, n_cols):
+    """A row's first element is its mean's pivot: where it is inf, -inf or NaN, that row is NaN, as
+    PyTorch's, and the finite rows beside it (in the same tile) are as accurate as ever."""
+    x = 5 + 2 * torch.randn(6, n_cols, device=device, dtype=dtype)
+    x[1, 0], x[3, 0], x[4, 0] = float("inf"), float("-inf"), float("nan")
+    weight, bias = params(n_cols, device, dtype)
+    y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, 1e-5)
+    expected = layer_norm_reference(x, [n_cols], weight, bias, 1e-5)
+    assert expected[[1, 3, 4]].isnan().all()
+    assert torch.equal(y.isnan(), expected.isnan())
+    finite = [0, 2, 5]
+    assert_close(y[finite], expected[finite], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rms_norm_default_eps_is_pytorchs(device, dtype):
     """eps=None: PyTorch adds the compute dtype's epsilon (float32's for half
