@@ -19,7 +19,7 @@ from ..blocks.held_rows import (
     unpack,
     wait_for_fill,
 )
-from .kernels import _chunk_comoments, _load, _rstd, _widen, _zeros_1d
+from .kernels import _chunk_comoments, _load, _rstd, _widen, _zeros_1d, exact_div
 
 # --------------------------------------------------------------------------
 # Backward rows past a block, held on chip across programs (CUDA; the protocol:
@@ -181,7 +181,7 @@ def layer_norm_backward_held_kernel(
         # exact, sum(counts * means) / n need not be, and the correction makes it and the deltas exact.
         mean = tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0) / n_cols
         deltas = tl.where(inside, means_x - mean, 0.0)
-        shift = tl.sum(counts * deltas, axis=0) / n_cols  # one more reduction, of SEGMENTS_BLOCK values
+        shift = exact_div(tl.sum(counts * deltas, axis=0), n_cols)  # one more reduction, of SEGMENTS_BLOCK values
         mean += shift
         deltas = tl.where(inside, deltas - shift, 0.0)
         m2 = tl.sum(tl.where(inside, m2s, 0.0) + counts * deltas * deltas, axis=0)

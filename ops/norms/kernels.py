@@ -95,6 +95,18 @@ def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS
 
 
 @triton.jit
+def exact_div(total, count):
+    """total / count rounded to nearest.  Triton's `/` of float32 is on CUDA the approximate
+    div.full.f32 (up to 2 ulp off), which undid the exactness of the correction below on the GPU
+    (the interpreter divides exactly); count (an int or a float) is taken in total's dtype."""
+    if total.dtype == tl.float64:  # resolved at compile time: float64's `/` is div.rn.f64 already
+        quotient = total / count
+    else:
+        quotient = tl.math.div_rn(total, tl.zeros_like(total) + count)
+    return quotient
+
+
+@triton.jit
 def _center(x, mask, count, AXIS: tl.constexpr):
     """(x - mean, mean) along AXIS (1: the rows of a tile; 0: a chunk of one row), x - mean
     0 where masked, in the corrected two-pass form: mean = sum(x) / n, d = x - mean, then
@@ -109,7 +121,7 @@ def _center(x, mask, count, AXIS: tl.constexpr):
     if AXIS == 1:
         mean = mean[:, None]
     centered = tl.where(mask, x - mean, 0.0)
-    shift = tl.sum(centered, axis=AXIS) / count
+    shift = exact_div(tl.sum(centered, axis=AXIS), count)
     if AXIS == 1:
         shift = shift[:, None]
     return tl.where(mask, centered - shift, 0.0), mean + shift
