@@ -167,3 +167,17 @@ def test_softmax_rows_of_50257_are_framed_to_move_16_bytes_an_access(op):
     launch.args["FRAME"] = 0
     unframed = _global_accesses(launch, config)
     assert "ld.global.v4.b32" not in unframed and "st.global.v4.b32" not in unframed, unframed
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "layer_norm_backward"])
+def test_layer_norm_s_mean_correction_divides_rounded_to_nearest(op):
+    """The correction that makes a constant row's mean exact (ops/norms/kernels.py: _center) divides with
+    div.rn: Triton's float32 `/` compiles to the approximate div.full.f32, which missed the constant row's
+    value on the H100 while the interpreter's exact division passed."""
+    found = launches.planned_launches(ops.get_spec(op), (4096, 1000), torch.float32).launches
+    ptx = "".join(
+        ir.compile_launch(la, ir.target_of(ir.H100), la.configs[0] if la.configs else None).asm["ptx"]
+        for la in found
+        if "normalize" in la.kernel or "layer_norm" in la.kernel
+    )
+    assert "div.rn.f32" in ptx, [la.kernel for la in found]
