@@ -14,7 +14,7 @@ import triton
 from ops.cross_entropy import kernels as cross_entropy
 from ops.norms import kernels as layer_norm, kernels as rms_norm
 from ops.softmax import kernels as softmax
-from ops.blocks.alignment import column_multiple
+from ops.blocks.alignment import column_multiple, frame_run
 
 try:
     from triton.backends.compiler import GPUTarget
@@ -92,6 +92,24 @@ ROW_KERNELS = {
         {"BLOCK_M": 1, "BLOCK_SIZE": 1024, "PEEL": 0, "MEAN_PARTS": 128}, 2, 0,
     ),
 }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "n_cols, inner, sizes, run",
+    [
+        ((50257, 1, (2,), 8)),  # GPT-2's vocabulary in bf16: rows at every 2-byte offset
+        ((50257, 1, (2, 4), 8)),  # a bf16 x with a float32 y: the run of the narrowest tensor
+        ((50257, 1, (4,), 4)),
+        ((1001, 1, (4,), 4)),
+        ((50264, 1, (2,), 0)),  # 8 bf16 a 16 bytes: every row starts on a boundary
+        ((50260, 1, (2, 4), 8)),  # bf16 rows of 100520 bytes are off a boundary; float32 rows (201040) are not
+        ((50257, 3, (2,), 0)),  # rows along another dim: their elements are not contiguous
+        ((15, 1, (2,), 0)),  # shorter than two runs: its ends would be one run
+        ((16, 1, (1,), 0)),
+    ],
+)
+def test_frame_run_is_the_narrowest_run_where_rows_start_off_boundaries(n_cols, inner, sizes, run):
+    assert frame_run(n_cols, inner, *sizes) == run
 
 
 @pytest.mark.parametrize("name", ROW_KERNELS)
