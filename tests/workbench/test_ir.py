@@ -181,3 +181,23 @@ def test_layer_norm_s_mean_correction_divides_rounded_to_nearest(op):
         if "normalize" in la.kernel or "layer_norm" in la.kernel
     )
     assert "div.rn.f32" in ptx, [la.kernel for la in found]
+
+
+def test_a_kernel_that_does_not_compile_is_listed_with_its_place_and_cause():
+    """Triton's CompilationError starts with its place ("at 17:14:", the source line, a caret) and chains the
+    error of the function it called; the index lists the outermost place and the innermost cause."""
+
+    def chained():
+        try:
+            try:
+                raise ValueError("Expected dtype ['fp32'] but got fp64")
+            except ValueError as inner:
+                raise RuntimeError("at 3:14:\n    x = tl.math.div_rn(a, b)\n              ^") from inner
+        except RuntimeError as middle:
+            raise RuntimeError("at 17:14:\n    x, edge = _load_x(...)\n              ^") from middle
+
+    with pytest.raises(RuntimeError) as caught:
+        chained()
+    line = ir._error_line(caught.value)
+    assert line == "RuntimeError at 17:14: ValueError: Expected dtype ['fp32'] but got fp64", line
+    assert ir._error_line(KeyError("BLOCK_M")) == "KeyError: 'BLOCK_M'"
