@@ -93,7 +93,8 @@ def _store_segment(ptr, row, segment, cols, n_cols, inner, value, edge, SEGMENT:
     if FRAME:
         tl.store(ptr + start + cols, value.to(ptr.dtype.element_ty), mask=(cols >= FRAME) & (cols < body_end))
         place, here = _edge_places(segment, body_end, SEGMENT, FRAME)
-        tl.store(ptr + start + place, edge.to(ptr.dtype.element_ty), mask=here & (place >= skew) & (place < skew + n_cols))
+        in_row = here & (place >= skew) & (place < skew + n_cols)
+        tl.store(ptr + start + place, edge.to(ptr.dtype.element_ty), mask=in_row)
     else:
         _store_row(ptr, start, cols, n_cols, inner, value)
 
@@ -148,7 +149,8 @@ def _segments_max_sum_here(x_ptr, row, n_cols, inner, n_segments,
 
 @triton.jit
 def _write_held_segment(x_ptr, y_ptr, words_ptr, row, segment, cols, n_cols, inner, n_segments, max_spins, seg_max,
-                        numerator, edge, SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
+                        numerator, edge,
+                        SEGMENT: tl.constexpr, SEGMENTS_BLOCK: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
     """Wait for the row's words, combine them and write y's segment from its numerators."""
     words, published = row_words(words_ptr, row, n_segments, max_spins, SEGMENTS_BLOCK)
     if published:
@@ -232,8 +234,9 @@ def softmax_forward_lagged_kernel(
     for round in range(0, tl.cdiv(n_rows - first_row, rows_at_once)):
         row = first_row + round * rows_at_once
         next_row = row + rows_at_once
-        next_max, next_numerator, next_edge = _publish_max_sum(x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols,
-                                                               inner, n_segments, False, SEGMENT, FRAME)  # fmt: skip
+        next_max, next_numerator, next_edge = _publish_max_sum(
+            x_ptr, words_ptr, next_row, n_rows, segment, cols, n_cols, inner, n_segments, False, SEGMENT, FRAME
+        )
         _write_held_segment(x_ptr, y_ptr, words_ptr, row, segment, cols, n_cols, inner, n_segments, max_spins, seg_max,
                             numerator, edge, SEGMENT, SEGMENTS_BLOCK, FRAME)  # fmt: skip
         seg_max, numerator, edge = next_max, next_numerator, next_edge
@@ -312,7 +315,9 @@ def softmax_backward_lagged_kernel(
         else:
             part_dot = _segments_dot_here(dy_ptr, y_ptr, row, n_cols, inner, n_segments, SEGMENT, SEGMENTS_BLOCK, FRAME)
             # Read this segment again rather than keep it in registers through the loop above.
-            dy, y, dy_edge, y_edge = _load_dy_y(dy_ptr, y_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME)
+            dy, y, dy_edge, y_edge = _load_dy_y(
+                dy_ptr, y_ptr, row, row + 1, segment, cols, n_cols, inner, SEGMENT, FRAME
+            )
         dot = tl.sum(part_dot, axis=0)
         edge = dy_edge
         if FRAME:
