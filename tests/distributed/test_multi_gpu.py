@@ -95,23 +95,30 @@ def check_against_one_gpu(rank, parallelism: str, compile: bool) -> dict:
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
 @pytest.mark.parametrize("parallelism", ["fsdp2", "tp"])
 def test_two_gpus_train_as_one(ranks, parallelism, compile, capsys):
-    results = ranks.run(check_against_one_gpu, parallelism, compile)
+    label = f"{parallelism} {'compile' if compile else 'eager'}"
+    try:
+        results = ranks.run(check_against_one_gpu, parallelism, compile)
+    except Exception as error:  # shown at once: a run cut off before pytest's summary still says why
+        with capsys.disabled():
+            print(f"\n{label}: failed: {type(error).__name__}: {str(error)[-2000:]}")
+        raise
     alone = results[0]["alone"]
     if parallelism == "fsdp2":  # each rank's loss is its half's mean; their mean is the batch's (equal halves)
         losses = [sum(r["shared"]["losses"][i] for r in results) / len(results) for i in range(STEPS)]
     else:
         losses = results[0]["shared"]["losses"]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(alone["losses"]), rtol=LOSS_RTOL, atol=0)
+    # The figures first: a run cut off, or failing below, still shows them.
     errors = results[0]["errors"]
     worst = max(errors, key=errors.get)
-    assert errors[worst] < GRAD_RTOL, (worst, errors[worst])
     shared = [r["shared"] for r in results]
     peaks = ", ".join(f"{s['peak_gb']:.2f}" for s in shared)
     rounded = [[round(v, 4) for v in run] for run in (losses, alone["losses"])]
     with capsys.disabled():
         print(
-            f"\n{parallelism} {'compile' if compile else 'eager'}: step {shared[0]['step_s'] * 1e3:.1f} ms on each "
+            f"\n{label}: step {shared[0]['step_s'] * 1e3:.1f} ms on each "
             f"of 2 GPUs (one GPU: {alone['step_s'] * 1e3:.1f} ms); peak memory per GPU {peaks} GiB (one GPU: "
             f"{alone['peak_gb']:.2f}); losses {rounded[0]} vs {rounded[1]} on one GPU; "
             f"worst gradient {worst} {errors[worst]:.2e}"
         )
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(alone["losses"]), rtol=LOSS_RTOL, atol=0)
+    assert errors[worst] < GRAD_RTOL, (worst, errors[worst])
