@@ -396,11 +396,12 @@ def _frame(meta: Meta) -> int:
     return frame_run(meta.n_cols, meta.inner, meta.input_bytes, meta.output_bytes)
 
 
-def _span(meta: Meta) -> int:
-    """The columns a held row's segments cover: a framed row's frame starts up to a run less one
-    before its first element."""
-    frame = _frame(meta)
-    return meta.n_cols + (frame - 1 if frame else 0)
+def _span(meta: Meta, design: HeldDesign) -> int:
+    """The columns a held row's segments cover: in the Triton kernels a framed row's frame starts up to
+    a run less one before its first element; the Gluon kernels take no frame."""
+    if design.family in GLUON_FAMILIES:
+        return meta.n_cols
+    return meta.n_cols + max(_frame(meta) - 1, 0)
 
 
 def _held_design(meta: Meta, tuning: Tuning) -> HeldDesign | None:
@@ -427,8 +428,7 @@ def _fit(design: HeldDesign, meta: Meta, tuning: Tuning) -> tuple[int, int] | No
         if not tuning.cpu_held_rows:
             return None
         segment, programs = tuning.cpu_segment, tuning.cpu_programs
-    return fit_rows(meta.n_rows, cdiv(_span(meta) if design.family not in GLUON_FAMILIES else meta.n_cols, segment),
-                    programs)  # fmt: skip
+    return fit_rows(meta.n_rows, cdiv(_span(meta, design), segment), programs)
 
 
 def _staged_design(meta: Meta, tuning: Tuning) -> HeldDesign | None:
