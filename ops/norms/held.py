@@ -179,7 +179,7 @@ def layer_norm_backward_held_kernel(
         # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once),
         # the mean corrected as _center corrects a row's: on a constant row every segment's mean is
         # exact, sum(counts * means) / n need not be, and the correction makes it and the deltas exact.
-        mean = tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0) / n_cols
+        mean = exact_div(tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0), n_cols)  # rounded, see _center
         deltas = tl.where(inside, means_x - mean, 0.0)
         shift = exact_div(tl.sum(counts * deltas, axis=0), n_cols)  # one more reduction, of SEGMENTS_BLOCK values
         mean += shift

@@ -116,8 +116,13 @@ def _center(x, mask, count, AXIS: tl.constexpr):
     weight of inf turns into inf where PyTorch's exact Welford mean gives 0 * inf = NaN).
     d = c - mean is then one value in every lane, exact (Sterbenz), so sum(d) / n gives it
     back exactly: the mean comes out as c and d as exactly 0.  The cost: one more
-    reduction of values already in registers, no memory traffic."""
-    mean = tl.sum(x, axis=AXIS) / count
+    reduction of values already in registers, no memory traffic.
+
+    Both divisions round (exact_div): the approximate one is a reciprocal and a multiply,
+    which the GPU's compiler fused with x - mean into one FMA, so d was c minus the unrounded
+    product, a value whose n copies no longer sum exactly (on an H100, rows of 1000 copies
+    of 0.9 left x - mean at -2**-47)."""
+    mean = exact_div(tl.sum(x, axis=AXIS), count)
     if AXIS == 1:
         mean = mean[:, None]
     centered = tl.where(mask, x - mean, 0.0)

@@ -12,6 +12,7 @@ import triton.language as tl
 import ops
 from compare import ir, launches
 from ops.blocks.elementwise import elementwise_config
+from ops.norms.kernels import _center
 
 try:
     from triton.backends.compiler import GPUTarget  # noqa: F401 - compiling for a GPU needs it
@@ -181,6 +182,24 @@ def test_layer_norm_s_mean_correction_divides_rounded_to_nearest(op):
         if "normalize" in la.kernel or "layer_norm" in la.kernel
     )
     assert "div.rn.f32" in ptx, [la.kernel for la in found]
+
+
+@triton.jit
+def _center_kernel(x_ptr, d_ptr, n, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    d, _ = _center(tl.load(x_ptr + cols, mask=mask, other=0.0), mask, n, 0)
+    tl.store(d_ptr + cols, d, mask=mask)
+
+
+def test_the_mean_of_a_row_divides_rounded_to_nearest():
+    """Neither of _center's divisions is the approximate div.full.f32: its quotient (a reciprocal and a multiply) was
+    fused into x - mean as one FMA on the H100, so the centered values of rows of 1000 copies of 0.9 were not one
+    exact value and their correction left x - mean at -2**-47."""
+    x = torch.full((1000,), 0.9)
+    launch = launches.record(_center_kernel, (1,), (x, torch.empty_like(x), 1000), {"BLOCK": 1024})
+    ptx = ir.compile_launch(launch, ir.target_of(ir.H100)).asm["ptx"]
+    assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
 def test_a_kernel_that_does_not_compile_is_listed_with_its_place_and_cause():
