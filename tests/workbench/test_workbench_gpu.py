@@ -65,7 +65,7 @@ def test_ncu_summary_per_kernel(tmp_path):
     summary = json.loads((tmp_path / "softmax" / "ncu" / "summary.json").read_text())
     assert not summary["errors"], summary["errors"]
     variants = {r["variant"] for r in summary["rows"]}
-    assert variants == {"eager", "compile", "tk"}
+    assert {"eager", "compile", "tk"} <= variants  # the kind "compile" also names softmax's compile-unfused
     for r in summary["rows"]:
         assert r["time"] > 0 and r["registers"] > 0 and 0 < r["occupancy"] <= 100 and r["DRAM"] > 0, r
     assert (tmp_path / "softmax" / "ncu" / "tk.ncu-rep").is_file()
