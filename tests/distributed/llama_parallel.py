@@ -37,16 +37,19 @@ def config(**changes):
     return LlamaConfig(**{**settings, **changes})
 
 
-def patched_llama(seed: int = 0, device="cpu", dtype=torch.float32, **changes):
-    """The Llama with its random weights (from `seed`), tk's ops swapped in, in training mode."""
+PATCH_KINDS = ("norm", "mlp", "rope", "loss")  # what ops.patch swaps into a Llama
+
+
+def patched_llama(seed: int = 0, device="cpu", dtype=torch.float32, kinds=PATCH_KINDS, **changes):
+    """The Llama with its random weights (from `seed`), tk's ops of `kinds` swapped in, in training mode."""
     from transformers import LlamaForCausalLM
 
     import ops
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config(**changes)).to(device=device, dtype=dtype)
-    report = ops.patch(model)
-    assert report.counts()["norm"] and report.counts()["loss"], report
+    report = ops.patch(model, **{kind: kind in kinds for kind in PATCH_KINDS})
+    assert all(report.counts()[kind] for kind in kinds), report
     return model.train()
 
 

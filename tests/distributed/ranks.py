@@ -31,6 +31,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch.multiprocessing as mp
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -159,3 +160,16 @@ def _check(module_name: str, path: str | None, qualname: str):
     for part in qualname.split("."):
         found = getattr(found, part)
     return found
+
+
+def ranks_fixture(world: int = 2, backend: str = "gloo"):
+    """A module-scoped pytest fixture of started Ranks (``ranks = ranks_fixture(2, "nccl")`` in a test module),
+    closed after the module's last test."""
+
+    @pytest.fixture(scope="module")
+    def ranks():
+        started = Ranks(world, backend)
+        yield started
+        started.close()
+
+    return ranks

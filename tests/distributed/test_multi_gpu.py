@@ -22,7 +22,7 @@ import statistics
 import pytest
 import torch
 from llama_parallel import batches, fully_sharded, patched_llama, sequence_sharded_targets, tensor_parallel, train
-from ranks import Ranks
+from ranks import ranks_fixture
 
 # gpu: run under pytest -m gpu (skipped without CUDA); gpus(2): needs two GPUs of one host, skipped with fewer.
 pytestmark = [
@@ -41,12 +41,8 @@ LOSS_RTOL = 2e-2  # bfloat16: 8 bits of mantissa, sums in another order on two G
 GRAD_RTOL = 5e-2  # each gradient's relative error, as a whole (its norm)
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    pytest.importorskip("transformers")
-    started = Ranks(2, "nccl")
-    yield started
-    started.close()
+pytest.importorskip("transformers")
+ranks = ranks_fixture(2, "nccl")
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

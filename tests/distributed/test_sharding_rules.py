@@ -17,7 +17,7 @@ import torch
 if not torch.distributed.is_available():  # a torch built without it: no DTensor, no rules
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from ranks import Ranks
+from ranks import ranks_fixture
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -29,11 +29,7 @@ WORLD = 2
 IGNORE = -100
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    started = Ranks(WORLD)
-    yield started
-    started.close()
+ranks = ranks_fixture(WORLD)
 
 
 # --------------------------------------------------------------------------

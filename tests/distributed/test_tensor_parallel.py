@@ -9,18 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 from llama_parallel import batches, fully_sharded, patched_llama, sequence_sharded_targets, tensor_parallel, train
-from ranks import Ranks
+from ranks import ranks_fixture
 
 pytest.importorskip("transformers")
 
 STEPS = 2
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    started = Ranks(2)
-    yield started
-    started.close()
+ranks = ranks_fixture(2)
 
 
 def _compare(one: dict, many: dict, rtol: float, atol: float) -> None:
@@ -65,13 +61,14 @@ def check_tensor_parallel(rank, summed: bool, labels_only: bool = False) -> dict
     return {"losses": many["losses"], "norms": len(seen), "loss": many["placements"]}
 
 
-def check_fully_sharded(rank) -> dict:
+def check_fully_sharded(rank, compile: bool) -> dict:
     """FSDP2 over both ranks, each with its own half of the batch, against one process on the whole batch."""
+    torch._dynamo.reset()
     model = patched_llama()
     data = batches(STEPS, batch=2, seq=8)
     one = train(patched_llama(), data)
     halves = [{k: v[rank.index :: 2] for k, v in batch.items()} for batch in data]
-    many = train(fully_sharded(model, rank.mesh), halves)
+    many = train(fully_sharded(model, rank.mesh), halves, compile=compile)
     # Each rank's loss is its half's mean; FSDP2 averages the gradients over the ranks.  With the same
     # number of kept labels in each half, the mean of the halves' losses is the whole batch's.
     many["losses"] = [torch.tensor(loss) for loss in many["losses"]]
@@ -91,8 +88,9 @@ def test_tensor_parallel_training_matches_one_process(ranks, summed, labels_only
     assert results[0]["loss"] == (Replicate(),)
 
 
-def test_fully_sharded_training_matches_one_process(ranks):
-    results = ranks.run(check_fully_sharded)
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
+def test_fully_sharded_training_matches_one_process(ranks, compile):
+    results = ranks.run(check_fully_sharded, compile)
     one = results[0]["one"]
     many = {
         "losses": [float((a + b) / 2) for a, b in zip(results[0]["many"]["losses"], results[1]["many"]["losses"])],

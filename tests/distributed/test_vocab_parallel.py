@@ -16,7 +16,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import torch.nn.functional as F
-from ranks import Ranks
+from ranks import ranks_fixture
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -26,11 +26,7 @@ WORLD = 2
 ROWS, HIDDEN, VOCAB = 13, 8, 37  # 37 classes over two ranks: shards of 19 and 18
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    started = Ranks(WORLD)
-    yield started
-    started.close()
+ranks = ranks_fixture(WORLD)
 
 
 def _case(dtype):
