@@ -487,3 +487,36 @@ def test_the_harness_times_a_models_projection_as_nn_linear_lays_it_out():
     assert_close(spec.tk(a, b), matmul_reference(a, b), torch.float32)
     lm_heads = [s for s in REAL_SHAPES if s[1] == 50257]
     assert (8191, 50257, 768, LINEAR) in lm_heads and (8191, 50257, 768) in lm_heads  # both layouts of GPT-2's head
+
+
+_AUTOTUNE_CHILD = """
+import torch, ops
+torch.manual_seed(0)
+a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+c = torch.ops.tk.matmul(a, a)
+torch.cuda.synchronize()
+print("sum", float(c.float().sum()))
+"""
+
+
+@pytest.mark.gpu
+def test_the_autotuners_choice_is_kept_for_the_next_process(tmp_path):
+    """The first tk.matmul of a shape in a process sweeps the autotuner's configs (seconds each new shape; a
+    float32 model's first step took 154 s); its choice is kept on disk (`cache_results`), so a second process
+    with the same Triton cache takes it without a sweep.  Triton prints each sweep it runs under
+    TRITON_PRINT_AUTOTUNING=1, and nothing for a choice read from disk."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "TRITON_PRINT_AUTOTUNING": "1", "TK_NATIVE": "0"}
+    runs = [
+        subprocess.run([sys.executable, "-c", _AUTOTUNE_CHILD], env=env, capture_output=True, text=True, timeout=600)
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    first, second = (run.stdout for run in runs)
+    assert "Triton autotuning for function matmul_kernel" in first, first
+    assert "Triton autotuning for function" not in second, second
+    assert first.splitlines()[-1] == second.splitlines()[-1]  # the same config: the same sum
