@@ -79,10 +79,12 @@ class Launch:
     configs: list = field(default_factory=list)  # autotuned: every config it may choose
     jit: object = field(default=None, repr=False, compare=False)  # the kernel object itself (not saved)
     wrapper: object = field(default=None, repr=False, compare=False)
+    # Each tensor argument's storage (``storage_key``), to tell which arguments are the op's own inputs (not saved).
+    storages: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        """Everything but the kernel objects."""
-        return {k: v for k, v in vars(self).items() if k not in ("jit", "wrapper")}
+        """Everything but the kernel objects and the storages."""
+        return {k: v for k, v in vars(self).items() if k not in ("jit", "wrapper", "storages")}
 
     @property
     def label(self) -> str:
@@ -118,7 +120,13 @@ def record(kernel, grid, args: tuple, kwargs: dict) -> Launch:
         configs=configs,
         jit=jit,
         wrapper=kernel,
+        storages={name: storage_key(v) for name, v in given.items() if isinstance(v, torch.Tensor)},
     )
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Which storage a tensor views (one number for every view of it, fake tensors too), while it lives."""
+    return t.untyped_storage()._cdata
 
 
 def _after(launch: Launch) -> None:
@@ -294,6 +302,7 @@ class Planned:
     launches: list[Launch]
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    input_storages: set = field(default_factory=set)  # storage_key of each tensor the op was given
 
 
 def planned_launches(spec, shape: tuple, dtype: torch.dtype, gpu: GPU = H100, eager: bool = True) -> Planned:
@@ -313,7 +322,9 @@ def planned_launches(spec, shape: tuple, dtype: torch.dtype, gpu: GPU = H100, ea
     with fake_gpu(gpu), watching(planned.launches, launch=False), FakeTensorMode(allow_non_fake_inputs=True), grad_mode:
         direct.on = eager
         try:
-            spec.tk(*spec.make_inputs(tuple(shape), dtype, torch.device("cuda")))
+            inputs = spec.make_inputs(tuple(shape), dtype, torch.device("cuda"))
+            planned.input_storages = {storage_key(t) for t in inputs if isinstance(t, torch.Tensor)}
+            spec.tk(*inputs)
         except Exception as e:  # noqa: BLE001 - what was launched before stands; the error says where it stopped
             planned.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
             if not torch.backends.cuda.is_built():

@@ -324,9 +324,8 @@ def normalize_long_rows(
 
 @triton.jit
 def _load_tile(ptr, rows, cols, n_rows, n_cols):
-    """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges), and its offsets."""
-    offsets = rows * n_cols + cols
-    return tl.load(ptr + offsets, mask=(rows < n_rows) & (cols < n_cols), other=0.0), offsets
+    """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges)."""
+    return tl.load(ptr + rows * n_cols + cols, mask=(rows < n_rows) & (cols < n_cols), other=0.0)
 
 
 @triton.jit
@@ -349,12 +348,12 @@ def normalize_rows_backward(
     db_acc = _zeros_2d(x_ptr, BLOCK_M, BLOCK_N)
     step = tl.num_programs(0) * BLOCK_M
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
-    x_stored, offsets = _load_tile(x_ptr, rows, cols, n_rows, n_cols)
-    dy_stored, _ = _load_tile(dy_ptr, rows, cols, n_rows, n_cols)
+    x_stored = _load_tile(x_ptr, rows, cols, n_rows, n_cols)
+    dy_stored = _load_tile(dy_ptr, rows, cols, n_rows, n_cols)
     for _tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
         if LOAD_AHEAD:
-            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
-            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
+            x_next = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
         mask = (rows < n_rows) & (cols < n_cols)
         x = _widen(x_stored)
         dy = _widen(dy_stored)
@@ -367,7 +366,10 @@ def normalize_rows_backward(
             dx = (g - tl.sum(g, axis=1)[:, None] / n_cols - xhat * mean_g_xhat) * rstd[:, None]
         else:
             dx = (g - xhat * mean_g_xhat) * rstd[:, None]
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        # dx's offsets computed here, not taken from x's load: PyTorch's analysis of which arguments a kernel
+        # writes (torch.compile, wrap_triton) follows a store's address back through the helper that loaded x
+        # and counted x as written, so compiled graphs copied x back into their input (and FSDP2 refused it).
+        tl.store(dx_ptr + rows * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         # Padding rows can have rstd = inf (eps = 0 and var = 0), so xhat NaN:
         # the mask keeps them out of the sum.
         if WEIGHT_GRAD:
@@ -375,9 +377,9 @@ def normalize_rows_backward(
         if BIAS_GRAD:
             db_acc += dy
         if not LOAD_AHEAD:
-            x_next, next_offsets = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
-            dy_next, _ = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
-        rows, offsets, x_stored, dy_stored = rows + step, next_offsets, x_next, dy_next
+            x_next = _load_tile(x_ptr, rows + step, cols, n_rows, n_cols)
+            dy_next = _load_tile(dy_ptr, rows + step, cols, n_rows, n_cols)
+        rows, x_stored, dy_stored = rows + step, x_next, dy_next
     partial = tl.program_id(0).to(tl.int64) * n_cols + tl.arange(0, BLOCK_N)
     in_row = tl.arange(0, BLOCK_N) < n_cols
     if WEIGHT_GRAD:

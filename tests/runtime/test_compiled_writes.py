@@ -1,0 +1,69 @@
+"""Under torch.compile, PyTorch decides which arguments of each tk kernel the kernel writes, from the kernel's TTIR
+(``wrap_triton``'s analysis), and writes those back into the graph's inputs.  An input it wrongly counts as
+written costs a copy in every compiled graph, and fails the compile where the input is a view made inside a
+custom Function: FSDP2 hands each unit its inputs through one, and two H100s met "Output 0 of AsStridedBackward0
+is a view and is being modified inplace" (the norms' backward: its store's address came back from the helper that
+had loaded x).  Here every launch a traced call of each op plans for an H100 is analysed as PyTorch analyses it:
+none may write one of the op's inputs, and the analysis must not give up (it then counts every argument written).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+
+import ops
+from compare import launches
+
+analysis = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
+try:
+    from triton.backends.compiler import GPUTarget
+except ImportError:  # pragma: no cover
+    pytest.skip("this Triton cannot compile for a GPU target", allow_module_level=True)
+
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def hopper_driver():
+    """PyTorch's analysis asks Triton's active driver for its target: an H100's, on any machine."""
+    with pytest.MonkeyPatch.context() as patch:  # restored as it was after the module (None on a CPU machine)
+        patch.setattr(triton.runtime.driver, "_active", SimpleNamespace(get_current_target=lambda: GPUTarget("cuda", 90, 32)))
+        yield
+
+
+def written(launch: launches.Launch, gave_up: list) -> set[str]:
+    """The arguments PyTorch counts as written by the launch (its first config, if autotuned)."""
+    kwargs = dict(launch.args)
+    for name, value in launch.args.items():
+        if isinstance(value, dict) and "tensor" in value:
+            kwargs[name] = torch.empty(16, dtype=getattr(torch, value["tensor"]))
+    config = launch.configs[0] if launch.configs else {}
+    kwargs.update({k: v for k, v in config.items() if k not in launches.LAUNCH_OPTIONS})
+    warn = analysis.log.warning
+    analysis.log.warning = lambda message, *args, **kw: gave_up.append(message)  # "assuming every input is mutated"
+    try:
+        if hasattr(analysis, "identify_accessed_tensors"):  # torch 2.13
+            accessed = analysis.identify_accessed_tensors(launch.jit, kwargs, {})
+            return {dep.name for dep in accessed.read_writes.writes}
+        return set(analysis.identify_mutated_tensors(launch.jit, kwargs, {}))  # torch 2.11
+    finally:
+        analysis.log.warning = warn
+
+
+@pytest.mark.parametrize("op", sorted(ops.SPECS))
+def test_no_traced_launch_writes_an_input_of_its_op(hopper_driver, op):
+    spec = ops.SPECS[op]
+    shapes = spec.shapes["cuda"]
+    for shape in {shapes[0], shapes[len(shapes) // 2], shapes[-1]}:
+        for dtype in DTYPES:
+            planned = launches.planned_launches(spec, shape, dtype, eager=False)
+            assert planned.launches and planned.input_storages, (shape, dtype, planned.error)
+            for launch in planned.launches:
+                gave_up: list = []
+                inputs = {name for name in written(launch, gave_up) if launch.storages[name] in planned.input_storages}
+                assert not gave_up, (launch.kernel, shape, dtype, gave_up)
+                assert not inputs, f"{launch.kernel} at {shape} {dtype}: PyTorch counts {sorted(inputs)} as written"
