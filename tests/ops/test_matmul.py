@@ -495,7 +495,8 @@ torch.manual_seed(0)
 a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
 c = torch.ops.tk.matmul(a, a)
 torch.cuda.synchronize()
-print("sum", float(c.float().sum()))
+from ops.matmul.kernels import matmul_kernel_autotuned
+print("chosen", matmul_kernel_autotuned.best_config)
 """
 
 
@@ -519,4 +520,4 @@ def test_the_autotuners_choice_is_kept_for_the_next_process(tmp_path):
     first, second = (run.stdout for run in runs)
     assert "Triton autotuning for function matmul_kernel" in first, first
     assert "Triton autotuning for function" not in second, second
-    assert first.splitlines()[-1] == second.splitlines()[-1]  # the same config: the same sum
+    assert first.splitlines()[-1] == second.splitlines()[-1]  # the same config, swept or read from disk

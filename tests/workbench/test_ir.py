@@ -185,19 +185,26 @@ def test_layer_norm_s_mean_correction_divides_rounded_to_nearest(op):
 
 
 @triton.jit
-def _center_kernel(x_ptr, d_ptr, n, BLOCK: tl.constexpr):
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n
-    d, _ = _center(tl.load(x_ptr + cols, mask=mask, other=0.0), mask, n, 0)
-    tl.store(d_ptr + cols, d, mask=mask)
+def _center_kernel(x_ptr, d_ptr, n, BLOCK: tl.constexpr, AXIS: tl.constexpr):
+    """_center of one row (AXIS 0: a chunk, as the long-row kernels take it) or of a tile of two (AXIS 1)."""
+    if AXIS == 0:
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+    else:
+        cols = tl.arange(0, BLOCK)[None, :]
+        offsets = tl.arange(0, 2)[:, None] * n + cols
+        mask = (cols < n) & (offsets < 2 * n)
+    d, _ = _center(tl.load(x_ptr + offsets, mask=mask, other=0.0), mask, n, AXIS)
+    tl.store(d_ptr + offsets, d, mask=mask)
 
 
-def test_the_mean_of_a_row_divides_rounded_to_nearest():
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_mean_of_a_row_divides_rounded_to_nearest(axis):
     """Neither of _center's divisions is the approximate div.full.f32: its quotient (a reciprocal and a multiply) was
     fused into x - mean as one FMA on the H100, so the centered values of rows of 1000 copies of 0.9 were not one
-    exact value and their correction left x - mean at -2**-47."""
-    x = torch.full((1000,), 0.9)
-    launch = launches.record(_center_kernel, (1,), (x, torch.empty_like(x), 1000), {"BLOCK": 1024})
+    exact value and their correction left x - mean at -2**-47 (in the tile of rows, AXIS 1)."""
+    x = torch.full((2, 1000), 0.9)
+    launch = launches.record(_center_kernel, (1,), (x, torch.empty_like(x), 1000), {"BLOCK": 1024, "AXIS": axis})
     ptx = ir.compile_launch(launch, ir.target_of(ir.H100)).asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
