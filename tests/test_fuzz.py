@@ -469,6 +469,7 @@ FUZZ = {
 }
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiles or autotunes for minutes on a GPU
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("op", sorted(FUZZ))
 def test_random_inputs_match_float64(op, device):

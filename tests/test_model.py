@@ -340,6 +340,7 @@ def aoti_runtime_crash(tmp_path) -> str | None:
     return None
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiles or autotunes for minutes on a GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_aoti_package_on_cuda_holds_the_hand_written_kernels(tmp_path, dtype):

@@ -500,6 +500,7 @@ print("chosen", matmul_kernel_autotuned.best_config)
 """
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiles or autotunes for minutes on a GPU
 @pytest.mark.gpu
 def test_the_autotuners_choice_is_kept_for_the_next_process(tmp_path):
     """The first tk.matmul of a shape in a process sweeps the autotuner's configs (seconds each new shape; a

@@ -29,6 +29,7 @@ def opcheck_cases(device):
     ]
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiles or autotunes for minutes on a GPU
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     for op, args, kwargs in opcheck_cases(device):
@@ -140,6 +141,7 @@ class TorchMLP(TinyMLP):
         return torch.softmax(h @ self.w2, -1)
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiles or autotunes for minutes on a GPU
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_model_matches_eager_and_pytorch(device):
     torch._dynamo.reset()
