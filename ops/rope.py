@@ -61,18 +61,26 @@ import triton
 import triton.language as tl
 
 from .blocks.sizes import next_power_of_2, rows_in_tile, warps_for
-from .runtime import check_same, check_tensor, launcher, register_op, result_dtype
+from .runtime import check_same, check_tensor, launcher, register_op, result_dtype, run_direct
 from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
 
 # The block rule (not yet measured on a GPU).  A program's tile is BLOCK_HEADS heads
 # by BLOCK_HALF columns of each half: BLOCK_HALF the half-dim rounded up to a power
 # of two, and as many heads as fill about HEAD_TILE elements a half, a power of two
 # too, no more than there are.  4096 holds every head of the models in the spec in one
-# tile (Llama-3-8B 32 x 64, Gemma 16 x 128): a program issues all its loads before its
-# stores.  The warps give each thread 16 bytes of each half (one vector load), at most
-# MAX_WARPS: a program has thousands of siblings (one per position) to fill the GPU.
+# tile (Llama-3-8B 32 x 64, Gemma 16 x 128).  The warps give each thread 16 bytes of
+# each half (one vector load), at most MAX_WARPS: a program has thousands of siblings
+# (one per position) to fill the GPU.
 HEAD_TILE = 4096
 MAX_WARPS = 8
+# Where q and k each fit one tile, the loads-first form issues k's loads before q's stores.
+# The compiler cannot move a load above a store that may alias it: in the SASS for sm_90 of
+# the q-then-k form at Llama-3-8B's heads (32 q, 8 kv, bf16), k's loads and stores come as
+# 8 load-load-store-store groups after q's stores, each waiting on memory; the loads-first
+# form has all 12 loads before its 4 stores, at 48 registers against 64 (perf-notes version
+# 46).  The q-then-k form runs at 86% of copy at 4x2047 (version 45); the harness times the
+# loads-first form beside it (tk-loads-first), and it becomes the default once measured.
+LOADS_FIRST = False
 
 
 # --------------------------------------------------------------------------
@@ -108,29 +116,69 @@ def _halves(row_ptr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, WIDE: tl.cons
 
 
 @triton.jit
+def _head_tile(stride_h, first_head, n_heads, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr):
+    """(offsets, mask) of the first halves of BLOCK_HEADS heads from first_head, heads stride_h apart.
+    Offsets only, no pointer: a store's address built from a helper that took an input's pointer counts
+    as a write of that input in PyTorch's analysis for torch.compile (tests/runtime/test_compiled_writes.py)."""
+    cols = tl.arange(0, BLOCK_HALF)
+    h = (first_head + tl.arange(0, BLOCK_HEADS)).to(tl.int64)
+    return h[:, None] * stride_h + cols[None, :], (h < n_heads)[:, None] & (cols < HALF)[None, :]
+
+
+@triton.jit
+def _load_halves(x_ptr, offsets, mask, HALF: tl.constexpr, WIDE: tl.constexpr):
+    """The two halves of a tile of heads, widened."""
+    x1 = _widen(tl.load(x_ptr + offsets, mask=mask, other=0.0), WIDE)
+    x2 = _widen(tl.load(x_ptr + offsets + HALF, mask=mask, other=0.0), WIDE)
+    return x1, x2
+
+
+@triton.jit
+def _store_rotated(out_ptr, offsets, mask, x1, x2, c1, c2, u, v, HALF: tl.constexpr):
+    """out1 = x1 * c1 + x2 * u, out2 = x2 * c2 + x1 * v.  The forward passes (u, v) = (-s1, s2),
+    the backward (s2, -s1)."""
+    out_ty = out_ptr.dtype.element_ty
+    tl.store(out_ptr + offsets, (x1 * c1[None, :] + x2 * u[None, :]).to(out_ty), mask=mask)
+    tl.store(out_ptr + offsets + HALF, (x2 * c2[None, :] + x1 * v[None, :]).to(out_ty), mask=mask)
+
+
+@triton.jit
 def _rotate_heads(
     x_ptr, x_stride_h, out_ptr, out_stride_h, n_heads, c1, c2, u, v,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HEADS: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
-    """out1 = x1 * c1 + x2 * u, out2 = x2 * c2 + x1 * v for every head at one position.
-
-    x_ptr, out_ptr: the position's first head; heads x_stride_h (out_stride_h)
-    apart, each head's elements contiguous.  The forward passes (u, v) = (-s1, s2),
-    the backward (s2, -s1)."""
-    cols = tl.arange(0, BLOCK_HALF)
-    heads = tl.arange(0, BLOCK_HEADS)
+    """Every head at one position, a tile at a time.  x_ptr, out_ptr: the position's first head;
+    heads x_stride_h (out_stride_h) apart, each head's elements contiguous."""
     for first_head in range(0, n_heads, BLOCK_HEADS):
-        h = (first_head + heads).to(tl.int64)
-        mask = (h < n_heads)[:, None] & (cols < HALF)[None, :]
-        x1_ptrs = x_ptr + h[:, None] * x_stride_h + cols[None, :]
-        out1_ptrs = out_ptr + h[:, None] * out_stride_h + cols[None, :]
-        x1 = _widen(tl.load(x1_ptrs, mask=mask, other=0.0), WIDE)
-        x2 = _widen(tl.load(x1_ptrs + HALF, mask=mask, other=0.0), WIDE)
-        out1 = x1 * c1[None, :] + x2 * u[None, :]
-        out2 = x2 * c2[None, :] + x1 * v[None, :]
-        out_ty = out_ptr.dtype.element_ty
-        tl.store(out1_ptrs, out1.to(out_ty), mask=mask)
-        tl.store(out1_ptrs + HALF, out2.to(out_ty), mask=mask)
+        x_offsets, mask = _head_tile(x_stride_h, first_head, n_heads, HALF, BLOCK_HALF, BLOCK_HEADS)
+        out_offsets, _ = _head_tile(out_stride_h, first_head, n_heads, HALF, BLOCK_HALF, BLOCK_HEADS)
+        x1, x2 = _load_halves(x_ptr, x_offsets, mask, HALF, WIDE)
+        _store_rotated(out_ptr, out_offsets, mask, x1, x2, c1, c2, u, v, HALF)
+
+
+@triton.jit
+def _rotate_q_and_k(
+    q_ptr, q_stride_h, q_out_ptr, q_out_stride_h, n_q_heads,
+    k_ptr, k_stride_h, k_out_ptr, k_out_stride_h, n_k_heads, c1, c2, u, v,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_Q_HEADS: tl.constexpr, BLOCK_K_HEADS: tl.constexpr,
+    WIDE: tl.constexpr, LOADS_FIRST: tl.constexpr,
+):  # fmt: skip
+    """q's heads and k's at one position.  LOADS_FIRST (q and k each one tile): both loaded, then both
+    stored; otherwise q's tiles, then k's (see LOADS_FIRST in the module)."""
+    if LOADS_FIRST:
+        q_offsets, q_mask = _head_tile(q_stride_h, 0, n_q_heads, HALF, BLOCK_HALF, BLOCK_Q_HEADS)
+        k_offsets, k_mask = _head_tile(k_stride_h, 0, n_k_heads, HALF, BLOCK_HALF, BLOCK_K_HEADS)
+        q1, q2 = _load_halves(q_ptr, q_offsets, q_mask, HALF, WIDE)
+        k1, k2 = _load_halves(k_ptr, k_offsets, k_mask, HALF, WIDE)
+        q_out_offsets, _ = _head_tile(q_out_stride_h, 0, n_q_heads, HALF, BLOCK_HALF, BLOCK_Q_HEADS)
+        k_out_offsets, _ = _head_tile(k_out_stride_h, 0, n_k_heads, HALF, BLOCK_HALF, BLOCK_K_HEADS)
+        _store_rotated(q_out_ptr, q_out_offsets, q_mask, q1, q2, c1, c2, u, v, HALF)
+        _store_rotated(k_out_ptr, k_out_offsets, k_mask, k1, k2, c1, c2, u, v, HALF)
+    else:
+        _rotate_heads(q_ptr, q_stride_h, q_out_ptr, q_out_stride_h, n_q_heads, c1, c2, u, v,
+                      HALF, BLOCK_HALF, BLOCK_Q_HEADS, WIDE)  # fmt: skip
+        _rotate_heads(k_ptr, k_stride_h, k_out_ptr, k_out_stride_h, n_k_heads, c1, c2, u, v,
+                      HALF, BLOCK_HALF, BLOCK_K_HEADS, WIDE)  # fmt: skip
 
 
 @triton.jit
@@ -141,22 +189,19 @@ def rope_forward_kernel(
     q_out_stride_b, q_out_stride_s, q_out_stride_h, k_out_stride_b, k_out_stride_s, k_out_stride_h,
     cos_stride_b, cos_stride_s, sin_stride_b, sin_stride_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_Q_HEADS: tl.constexpr, BLOCK_K_HEADS: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """q_embed and k_embed at one (batch, position): every tensor seen as (batch, seq, heads, head_dim),
     cos and sin as (batch, seq, head_dim), broadcast dims with stride 0."""
     b, s = _position(seq_len)
     c1, c2 = _halves(cos_ptr + b * cos_stride_b + s * cos_stride_s, HALF, BLOCK_HALF, WIDE)
     s1, s2 = _halves(sin_ptr + b * sin_stride_b + s * sin_stride_s, HALF, BLOCK_HALF, WIDE)
-    _rotate_heads(
+    _rotate_q_and_k(
         q_ptr + b * q_stride_b + s * q_stride_s, q_stride_h,
-        q_out_ptr + b * q_out_stride_b + s * q_out_stride_s, q_out_stride_h,
-        n_q_heads, c1, c2, -s1, s2, HALF, BLOCK_HALF, BLOCK_Q_HEADS, WIDE,
-    )  # fmt: skip
-    _rotate_heads(
+        q_out_ptr + b * q_out_stride_b + s * q_out_stride_s, q_out_stride_h, n_q_heads,
         k_ptr + b * k_stride_b + s * k_stride_s, k_stride_h,
-        k_out_ptr + b * k_out_stride_b + s * k_out_stride_s, k_out_stride_h,
-        n_k_heads, c1, c2, -s1, s2, HALF, BLOCK_HALF, BLOCK_K_HEADS, WIDE,
+        k_out_ptr + b * k_out_stride_b + s * k_out_stride_s, k_out_stride_h, n_k_heads,
+        c1, c2, -s1, s2, HALF, BLOCK_HALF, BLOCK_Q_HEADS, BLOCK_K_HEADS, WIDE, LOADS_FIRST,
     )  # fmt: skip
 
 
@@ -168,22 +213,19 @@ def rope_backward_kernel(
     dq_out_stride_b, dq_out_stride_s, dq_out_stride_h, dk_out_stride_b, dk_out_stride_s, dk_out_stride_h,
     cos_stride_b, cos_stride_s, sin_stride_b, sin_stride_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_Q_HEADS: tl.constexpr, BLOCK_K_HEADS: tl.constexpr,
-    WIDE: tl.constexpr,
+    WIDE: tl.constexpr, LOADS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """The gradients of q and k at one (batch, position) from those of q_embed and k_embed
     (dq_ptr, dk_ptr): the forward's layout, with the transposed rotation, (u, v) = (s2, -s1)."""
     b, s = _position(seq_len)
     c1, c2 = _halves(cos_ptr + b * cos_stride_b + s * cos_stride_s, HALF, BLOCK_HALF, WIDE)
     s1, s2 = _halves(sin_ptr + b * sin_stride_b + s * sin_stride_s, HALF, BLOCK_HALF, WIDE)
-    _rotate_heads(
+    _rotate_q_and_k(
         dq_ptr + b * dq_stride_b + s * dq_stride_s, dq_stride_h,
-        dq_out_ptr + b * dq_out_stride_b + s * dq_out_stride_s, dq_out_stride_h,
-        n_q_heads, c1, c2, s2, -s1, HALF, BLOCK_HALF, BLOCK_Q_HEADS, WIDE,
-    )  # fmt: skip
-    _rotate_heads(
+        dq_out_ptr + b * dq_out_stride_b + s * dq_out_stride_s, dq_out_stride_h, n_q_heads,
         dk_ptr + b * dk_stride_b + s * dk_stride_s, dk_stride_h,
-        dk_out_ptr + b * dk_out_stride_b + s * dk_out_stride_s, dk_out_stride_h,
-        n_k_heads, c1, c2, s2, -s1, HALF, BLOCK_HALF, BLOCK_K_HEADS, WIDE,
+        dk_out_ptr + b * dk_out_stride_b + s * dk_out_stride_s, dk_out_stride_h, n_k_heads,
+        c1, c2, s2, -s1, HALF, BLOCK_HALF, BLOCK_Q_HEADS, BLOCK_K_HEADS, WIDE, LOADS_FIRST,
     )  # fmt: skip
 
 
@@ -247,7 +289,7 @@ def _or_one(size) -> str:
 # --------------------------------------------------------------------------
 
 
-def _rotate(kernel, q, k, cos, sin, unsqueeze_dim: int, out_dtype: torch.dtype, head_tile: int):
+def _rotate(kernel, q, k, cos, sin, unsqueeze_dim: int, out_dtype: torch.dtype, head_tile: int, loads_first: bool):
     """Launch `kernel` over (q, k) into two new tensors of `out_dtype` with q's and k's layout."""
     # The kernel reads each head's elements as one contiguous run (vector loads); a tensor whose
     # last dim is strided (a rare view, or the expanded gradient of a sum) is copied once.
@@ -271,24 +313,28 @@ def _rotate(kernel, q, k, cos, sin, unsqueeze_dim: int, out_dtype: torch.dtype, 
         seq, n_q_heads, n_k_heads,
         *q_view.stride()[:3], *k_view.stride()[:3], *q_out_view.stride()[:3], *k_out_view.stride()[:3],
         *cos.stride()[:2], *sin.stride()[:2],
-        HALF=half, BLOCK_HALF=block_half, BLOCK_Q_HEADS=q_heads, BLOCK_K_HEADS=k_heads, WIDE=wide, num_warps=warps,
+        HALF=half, BLOCK_HALF=block_half, BLOCK_Q_HEADS=q_heads, BLOCK_K_HEADS=k_heads, WIDE=wide,
+        LOADS_FIRST=loads_first and q_heads >= n_q_heads and k_heads >= n_k_heads, num_warps=warps,
     )  # fmt: skip
     return q_out, k_out
 
 
-def forward(q, k, cos, sin, unsqueeze_dim: int = 1, *, head_tile: int = HEAD_TILE):
-    """(q_embed, k_embed); tk.rope's body with the block rule's tile as a parameter (tests pass a
-    small one to take several head tiles a program)."""
+def forward(q, k, cos, sin, unsqueeze_dim: int = 1, *, head_tile: int = HEAD_TILE, loads_first: bool = LOADS_FIRST):
+    """(q_embed, k_embed); tk.rope's body with the block rule's tile and the loads-first form as parameters
+    (tests pass a small tile to take several head tiles a program; the harness's tk-loads-first, the form)."""
     _check_inputs("rope", ("q", "k"), q, k, cos, sin, unsqueeze_dim)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)  # PyTorch's type promotion: see the module docstring
-    return _rotate(rope_forward_kernel, q, k, cos, sin, unsqueeze_dim, out_dtype, head_tile)
+    return _rotate(rope_forward_kernel, q, k, cos, sin, unsqueeze_dim, out_dtype, head_tile, loads_first)
 
 
-def backward(grad_q, grad_k, cos, sin, unsqueeze_dim: int = 1, input_dtype=None, *, head_tile: int = HEAD_TILE):
+def backward(
+    grad_q, grad_k, cos, sin, unsqueeze_dim: int = 1, input_dtype=None, *, head_tile: int = HEAD_TILE,
+    loads_first: bool = LOADS_FIRST,
+):  # fmt: skip
     """(dq, dk) in `input_dtype` (q's and k's dtype; the gradients' if None); tk.rope_backward's body."""
     _check_inputs("rope_backward", ("grad_q", "grad_k"), grad_q, grad_k, cos, sin, unsqueeze_dim)
     dtype = result_dtype("rope_backward", "input_dtype", input_dtype, grad_q.dtype)
-    return _rotate(rope_backward_kernel, grad_q, grad_k, cos, sin, unsqueeze_dim, dtype, head_tile)
+    return _rotate(rope_backward_kernel, grad_q, grad_k, cos, sin, unsqueeze_dim, dtype, head_tile, loads_first)
 
 
 def _rope(
@@ -434,6 +480,7 @@ register_spec(
         shapes=_SHAPES,
         describe=_describe,
         peers={"liger": _liger_rope},
+        tk_plans={"tk-loads-first": lambda q, k, cos, sin: run_direct(forward, (q, k, cos, sin), {"loads_first": True})},
     )
 )
 
@@ -451,5 +498,10 @@ register_spec(
         tolerance=ROUNDING_TOLERANCE,
         shapes=_SHAPES,
         describe=_describe,
+        tk_plans={
+            "tk-loads-first": lambda grad_q, grad_k, cos, sin: run_direct(
+                backward, (grad_q, grad_k, cos, sin), {"loads_first": True}
+            )
+        },
     )
 )

@@ -167,18 +167,35 @@ def test_rope_broadcasts_cos_and_sin(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("heads_a_tile", [1, 2, 4])
-def test_rope_takes_several_head_tiles_a_program(device, heads_a_tile):
+@pytest.mark.parametrize("loads_first", [False, True], ids=["q-then-k", "loads-first"])
+@pytest.mark.parametrize("heads_a_tile", [1, 2, 4, 8])
+def test_rope_takes_several_head_tiles_a_program(device, heads_a_tile, loads_first):
     """A head tile smaller than the heads: the loop over tiles, a last tile partly masked (7 q heads
-    and 3 kv heads in tiles of 2 or 4), forward and backward."""
+    and 3 kv heads in tiles of 2 or 4), forward and backward; tiles of 8 hold every head, where
+    loads_first loads q and k before storing either (smaller tiles ignore it)."""
     batch, seq, dim = pick(device, (1, 3, 16), (2, 257, 128))
     tile = heads_a_tile * next_power_of_2(dim // 2)
     q, k = qk(batch, seq, 7, 3, dim, device=device)
     cos, sin = random_tables(batch, seq, dim, device=device)
-    assert_pair_close(rope_ops.forward(q, k, cos, sin, head_tile=tile), exact(q, k, cos, sin), torch.float32)
+    options = {"head_tile": tile, "loads_first": loads_first}
+    assert_pair_close(rope_ops.forward(q, k, cos, sin, **options), exact(q, k, cos, sin), torch.float32)
     grads = [torch.randn_like(t) for t in (q, k)]
     want = rotary_gradients(*[g.double() for g in grads], cos.double(), sin.double())
-    assert_pair_close(rope_ops.backward(*grads, cos, sin, head_tile=tile), want, torch.float32)
+    assert_pair_close(rope_ops.backward(*grads, cos, sin, **options), want, torch.float32)
+
+
+@pytest.mark.parametrize("loads_first", [False, True])
+def test_loads_first_only_where_q_and_k_each_fit_one_tile(monkeypatch, loads_first):
+    """The kernel's LOADS_FIRST: the form asked for, where 7 q heads and 3 kv heads fit their tiles; never
+    where they take several."""
+    q, k = qk(1, 3, 7, 3, 16)
+    cos, sin = random_tables(1, 3, 16)
+    for tile, fits in ((8 * 8, True), (2 * 8, False)):
+        launches = Launches()
+        monkeypatch.setattr(rope_ops, "launcher", launches)
+        rope_ops.forward(q, k, cos, sin, head_tile=tile, loads_first=loads_first)
+        ((_, _, _, kwargs),) = launches.calls
+        assert kwargs["LOADS_FIRST"] is (loads_first and fits)
 
 
 @pytest.mark.parametrize("device", DEVICES)
