@@ -17,7 +17,11 @@ import torch
 from llama_parallel import PATCH_KINDS, batches, fully_sharded, patched_llama, train
 from ranks import ranks_fixture
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.timeout(900),  # two compiled training runs a case, beside the rest of the GPU suite
+]
 
 SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
              vocab_size=4096, max_position_embeddings=512)  # fmt: skip
