@@ -295,6 +295,54 @@ def _direct_flag():
     return importlib.import_module("ops.runtime.direct")._direct
 
 
+def _addmm_out_dtype_fake_is_broken() -> bool:
+    """Whether this torch's fake (and meta) addmm with ``out_dtype`` fails: torch 2.11 registers its plain addmm
+    decomposition, ``addmm(self, mat1, mat2, beta=1, alpha=1)``, for every addmm overload, ``addmm.dtype`` and
+    ``addmm.dtype_out`` included, so their positional ``out_dtype`` lands in ``beta`` ("addmm() got multiple values
+    for argument 'beta'").  Fixed in pytorch/pytorch#179634 (torch 2.13 has it), which gives those overloads their
+    own decomposition; read from the table, so the workaround below ends with the bug."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    plain = decomposition_table.get(aten.addmm.default)
+    overloads = [getattr(aten.addmm, name, None) for name in ("dtype", "dtype_out")]
+    return plain is not None and any(decomposition_table.get(o) is plain for o in overloads if o is not None)
+
+
+@functools.cache
+def _planning_mode_class() -> type:
+    """The fake tensor mode the planner runs a body in.  Where torch's fake addmm with ``out_dtype`` is broken
+    (``_addmm_out_dtype_fake_is_broken``), a FakeTensorMode that computes those two overloads as torch 2.13's
+    decomposition does (an mm with a float32 output, plus beta times the input): linear cross entropy's eager GPU
+    plan sums a 16-bit weight gradient with ``addmm(..., out_dtype=torch.float32)``, which a real GPU runs on any
+    torch, but which stopped the planner at its first chunk on torch 2.11.  Only this mode's instances change."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not _addmm_out_dtype_fake_is_broken():
+        return FakeTensorMode
+    aten = torch.ops.aten
+
+    def addmm_out_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
+        result = torch.mm(mat1, mat2, out_dtype=out_dtype)
+        result = result if alpha == 1 else alpha * result
+        if beta != 0:  # beta = 0: the input is not read (NaN in it stays out), as in addmm
+            result = result + beta * self.to(out_dtype)
+        if out is None:
+            return result
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        return out.copy_(result)
+
+    class PlanningFakeTensorMode(FakeTensorMode):
+        def dispatch(self, func, types, args=(), kwargs=None):
+            if func in (aten.addmm.dtype, aten.addmm.dtype_out):
+                with self:  # as FakeTensorMode runs a decomposition: its ops on fake tensors, in this mode
+                    return addmm_out_dtype(*args, **(kwargs or {}))
+            return super().dispatch(func, types, args, kwargs)
+
+    return PlanningFakeTensorMode
+
+
 @dataclass
 class Planned:
     """What a body launched on a fake GPU; ``error``: where it stopped, if it did (the launches before it stand)."""
@@ -310,16 +358,18 @@ def planned_launches(spec, shape: tuple, dtype: torch.dtype, gpu: GPU = H100, ea
     runs, on any machine).  ``eager``: a call nothing traces (the harness's tk variant); False: a call traced by
     torch.compile, which may take another design.
 
-    A CPU build of torch aborts the process (a C++ error, no exception) when autograd records a fake CUDA
-    tensor, so there the body runs under ``torch.no_grad()``: an op timed with its backward (a training step)
-    then stops at the backward, and its forward's launches are what is found."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    Autograd on fake CUDA tensors needs a CUDA device: a CPU build of torch aborts the process (a C++ error, no
+    exception) when autograd records one, and a CUDA build on a machine without a GPU fails at the backward
+    ("hasPrimaryContext expects a valid device index").  So without a device the body runs under
+    ``torch.no_grad()``: an op timed with its backward (a training step) then stops at the backward, and its
+    forward's launches are what is found."""
     planned = Planned([])
     direct = _direct_flag()
     previous = getattr(direct, "on", False)
-    grad_mode = contextlib.nullcontext() if torch.backends.cuda.is_built() else torch.no_grad()
-    with fake_gpu(gpu), watching(planned.launches, launch=False), FakeTensorMode(allow_non_fake_inputs=True), grad_mode:
+    has_device = torch.cuda.is_available()  # before fake_gpu: whether this machine has a real one
+    grad_mode = contextlib.nullcontext() if has_device else torch.no_grad()
+    fake_mode = _planning_mode_class()(allow_non_fake_inputs=True)
+    with fake_gpu(gpu), watching(planned.launches, launch=False), fake_mode, grad_mode:
         direct.on = eager
         try:
             inputs = spec.make_inputs(tuple(shape), dtype, torch.device("cuda"))
@@ -327,9 +377,9 @@ def planned_launches(spec, shape: tuple, dtype: torch.dtype, gpu: GPU = H100, ea
             spec.tk(*inputs)
         except Exception as e:  # noqa: BLE001 - what was launched before stands; the error says where it stopped
             planned.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
-            if not torch.backends.cuda.is_built():
-                planned.notes.append("planned under torch.no_grad(): a CPU build of torch cannot record autograd on"
-                                     " fake CUDA tensors, so a call that takes gradients stops at its backward")  # fmt: skip
+            if not has_device:
+                planned.notes.append("planned under torch.no_grad(): without a CUDA device torch cannot run autograd"
+                                     " on fake CUDA tensors, so a call that takes gradients stops at its backward")  # fmt: skip
         finally:
             direct.on = previous
     return planned
