@@ -61,21 +61,32 @@ def default_shapes(spec, device, which: str = "all") -> list[tuple]:
 
 
 def parse_shapes(text: str, spec) -> list[tuple]:
-    examples = next(iter(spec.shapes.values()), [])
-    rank = len(examples[0]) if examples else None
+    """Shapes from `text`: dims joined by 'x'.  A dim that is a word (matmul's `linear`: b = W.t()) is taken
+    where the op's own shapes use that word in that place."""
+    known = [shape for shapes in spec.shapes.values() for shape in shapes]
+    words = {(i, d) for shape in known for i, d in enumerate(shape) if isinstance(d, str)}
+    forms = {tuple(isinstance(d, str) for d in shape) for shape in known}  # where the words sit, by rank
     out = []
     for item in _split(text):
+        dims = item.lower().split("x")
         try:
-            shape = tuple(int(d) for d in item.lower().split("x"))
+            shape = tuple(d if (i, d) in words else int(d) for i, d in enumerate(dims))
         except ValueError:
             raise UsageError(f"bad shape {item!r}: dims are integers joined by 'x', e.g. 4096x1024") from None
-        if rank is not None and len(shape) != rank:
-            ex = "x".join(map(str, examples[0]))
-            raise UsageError(f"shape {item!r} of op {spec.name} needs {rank} dim(s), like {ex}")
-        if any(d <= 0 for d in shape):
+        if forms and tuple(isinstance(d, str) for d in shape) not in forms:
+            raise UsageError(f"shape {item!r} of op {spec.name} needs {len(known[0])} dim(s), like {_examples(known)}")
+        if any(isinstance(d, int) and d <= 0 for d in shape):
             raise UsageError(f"bad shape {item!r}: dims must be positive")
         out.append(shape)
     return out
+
+
+def _examples(known: list[tuple]) -> str:
+    """One shape of each form the op takes: `4096x1024`, or `64x48x80 or 8191x50257x768xlinear`."""
+    first = {}
+    for shape in known:
+        first.setdefault(tuple(isinstance(d, str) for d in shape), "x".join(map(str, shape)))
+    return " or ".join(first.values())
 
 
 def default_dtypes(spec, device: torch.device) -> list:

@@ -303,7 +303,7 @@ def _matmul_tma_with(config, a, b):
     set_scratch_allocator()
     matmul_module.matmul_tma_kernel[(min(tiles, sm_count(a.device.index)),)](
         a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0),
-        A_COLUMN_MAJOR=False, B_COLUMN_MAJOR=False, UPCAST_OPERANDS=False,
+        A_COLUMN_MAJOR=False, B_COLUMN_MAJOR=False, C_POINTERS=False, UPCAST_OPERANDS=False,
         **meta, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return c

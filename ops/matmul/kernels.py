@@ -129,7 +129,8 @@ matmul_kernel_autotuned = triton.autotune(
 def matmul_tma_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K, stride_a, stride_b, stride_c,
-    A_COLUMN_MAJOR: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    A_COLUMN_MAJOR: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr, C_POINTERS: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     STORE_HALVES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
@@ -143,6 +144,11 @@ def matmul_tma_kernel(
     product; stores past the edge are dropped), so there are no masks.
     A column-major operand is described as the row-major matrix it is the
     transpose of, and each tile transposed after the load.
+
+    C_POINTERS stores C through masked pointers instead of a descriptor: for a C
+    whose rows are not 16-byte aligned (an LM head's N = 50257), which no
+    descriptor can describe, while A and B still can (b = W.t() of the head's
+    weight).  The K loop, where the time goes, is the same.
     """
     if A_COLUMN_MAJOR:
         a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
@@ -154,7 +160,8 @@ def matmul_tma_kernel(
         b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
     # STORE_HALVES writes the tile as two halves: half the shared memory for the
     # store, left to the load pipeline's stages.
-    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N // (1 + STORE_HALVES)])
+    if not C_POINTERS:
+        c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N // (1 + STORE_HALVES)])
 
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -183,7 +190,13 @@ def matmul_tma_kernel(
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc)
         c = acc.to(c_ptr.dtype.element_ty)
-        if STORE_HALVES:
+        if C_POINTERS:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            # int64: an LM head's C can pass 2**31 elements (16384 tokens x a 151936 vocabulary)
+            c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_c + cols[None, :]
+            tl.store(c_ptrs, c, mask=(rows[:, None] < M) & (cols[None, :] < N))
+        elif STORE_HALVES:
             left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
             c_desc.store([off_m, off_n], left)
             c_desc.store([off_m, off_n + BLOCK_N // 2], right)
@@ -210,7 +223,7 @@ TMA_CONFIGS = [
     _tma_config(128, 128, 64, 5, 4, store_halves=False),
 ]
 matmul_tma_kernel_autotuned = triton.autotune(
-    configs=TMA_CONFIGS, key=["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR"], **_KEEP_CHOICE
+    configs=TMA_CONFIGS, key=["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR", "C_POINTERS"], **_KEEP_CHOICE
 )(
     matmul_tma_kernel
 )

@@ -74,6 +74,7 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
     args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
+    flags["C_POINTERS"] = plan.c_pointers
     flags.update(UPCAST_OPERANDS=plan.upcast_operands, GROUP_M=plan.group_m)
 
     def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles

@@ -9,7 +9,8 @@ the plan tries them:
 * Split K (the pointer kernel with SPLIT_K > 1, then the slice sum): C has at
   most half as many tiles as the GPU has SMs.
 * TMA: 2-D float16 / bfloat16 on Hopper or newer, at least one large tile per
-  SM, operands a TMA descriptor can describe, and K not split.
+  SM, operands a TMA descriptor can describe, and K not split; C stored through
+  pointers where its rows are not 16-byte aligned (an LM head's odd vocabulary).
 * POINTER: everything else (batches, float32, float64, strided operands,
   older GPUs).
 
@@ -87,6 +88,10 @@ class Tuning:
     # pointer kernel's 0.81x); below, the persistent grid's large tiles leave SMs idle (1024^3, 64 tiles: the
     # TMA kernel at 0.60-0.68x against the pointer kernel's 0.84x, version 10).
     tma_min_tile: int = 128
+    # The TMA kernel stores C through its descriptor where C's rows are this aligned (bytes), through masked
+    # pointers elsewhere.  TMA_ALIGNMENT is the hardware's floor; the harness's tk-c-pointers variant raises it
+    # to 128 (a cache line) to time the pointer store against TMA's on rows that are 16- but not 128-aligned.
+    c_store_alignment: int = TMA_ALIGNMENT
 
 
 TUNING = Tuning()
@@ -219,6 +224,7 @@ class Plan:
     a_layout: Layout | None = None
     b_layout: Layout | None = None
     programs: int = 0  # the persistent grid's programs at most: the SMs (or fewer, when there are fewer tiles)
+    c_pointers: bool = False  # C's rows are not TMA_ALIGNMENT-aligned: stored through masked pointers
     store_halves: bool = False  # with a fixed tile; autotuned configs carry their own
     warp_specialize: bool = False
 
@@ -300,7 +306,7 @@ def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout
     if meta.dtype not in (torch.float16, torch.bfloat16):
         return None
     size = meta.dtype.itemsize
-    if not meta.tma_descriptors or (meta.N * size) % TMA_ALIGNMENT:  # N: C's row stride
+    if not meta.tma_descriptors:  # (C's rows need not be aligned: tma_plan stores those through pointers)
         return None
     tile = tuning.tma_min_tile if meta.facts.cuda else tuning.interpreter_tile.block_m
     if cdiv(meta.M, tile) * cdiv(meta.N, tile) < programs_at_once(meta.facts, tuning):
@@ -339,6 +345,7 @@ def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
 def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, tuning: Tuning = TUNING) -> Plan:
     """The TMA kernel on a persistent grid of one program per SM."""
     launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
+    launch["c_pointers"] = (meta.N * meta.dtype.itemsize) % tuning.c_store_alignment != 0  # N: C's row stride
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
         launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)
     return _plan(meta, TMA, tuning, **launch)

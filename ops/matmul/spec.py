@@ -60,6 +60,9 @@ REAL_SHAPES = _real_shapes()
 # Programs in row-major order (GROUP_M = 1), timed beside tk's grouped order: the L2 lesson of Triton's matmul
 # tutorial (op.py's docstring).  The same kernels and tile rule; only the order of the tiles differs.
 ROW_MAJOR = replace(TUNING, group_m=1)
+# C stored through pointers unless its rows are 128-byte aligned (Tuning.c_store_alignment): on N = 5000 (rows
+# 10000 bytes apart, 16- but not 128-aligned), is TMA's store or the pointer store faster?
+C_POINTERS_UNLESS_128 = replace(TUNING, c_store_alignment=128)
 
 
 def _planned(tuning: Tuning):
@@ -103,7 +106,7 @@ register_spec(
     OpSpec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
-        tk_plans={"tk-row-major": _planned(ROW_MAJOR)},
+        tk_plans={"tk-row-major": _planned(ROW_MAJOR), "tk-c-pointers": _planned(C_POINTERS_UNLESS_128)},
         configs=_configs,
         reference=torch.matmul,
         make_inputs=_make_inputs,

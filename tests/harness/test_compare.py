@@ -317,6 +317,20 @@ def test_dtype_aliases_and_defaults():
     assert cli.parse_shapes("4096x128, 64x1000", ops.SPECS["softmax"]) == [(4096, 128), (64, 1000)]
 
 
+def test_shapes_take_the_words_an_op_uses_where_it_uses_them():
+    """matmul's `linear` (b = W.t(), as a model's projection runs it) in its fourth place, nowhere else."""
+    matmul = ops.SPECS["matmul"]
+    assert cli.parse_shapes("8191x50257x768xlinear,64x48x80", matmul) == [(8191, 50257, 768, "linear"), (64, 48, 80)]
+    for bad, says in [("8191x50257xlinearx768", "bad shape"), ("1x2x3x4", "needs 3 dim"), ("64x48", "needs 3 dim"),
+                      ("64x48x80xlinearxlinear", "bad shape"), ("0x48x80xlinear", "dims must be positive")]:  # fmt: skip
+        with pytest.raises(cli.UsageError, match=says):
+            cli.parse_shapes(bad, matmul)
+    with pytest.raises(cli.UsageError, match=r"like \d+x\d+x\d+ or \d+x\d+x\d+xlinear$"):  # one of each form
+        cli.parse_shapes("64x48", matmul)
+    with pytest.raises(cli.UsageError, match="bad shape"):
+        cli.parse_shapes("4096xlinear", ops.SPECS["softmax"])  # softmax has no words
+
+
 # --------------------------------------------------------------------------
 # Pieces.
 # --------------------------------------------------------------------------

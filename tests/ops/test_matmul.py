@@ -40,7 +40,7 @@ from ops.matmul.plan import (
     tma_layout,
 )
 from ops.matmul.spec import ROW_MAJOR, with_config
-from ops.runtime import H100, DeviceFacts, launcher
+from ops.runtime import H100, DeviceFacts, launcher, tma_available
 from ops.spec import SPECS
 
 
@@ -180,6 +180,13 @@ def test_matmul_plans_for_an_h100():
     assert (large.a_layout, large.b_layout) == (Layout(False, 2048), Layout(False, 2048))
     assert (large.tile, large.upcast_operands) == (None, False)  # the autotuner's configs
     assert plan(2048, 2048, 2048, dtype=torch.float16).design == TMA
+    assert not large.c_pointers  # C's rows 4096 bytes apart: stored by the TMA unit
+    # GPT-2's LM head, b = W.t(): both operands describable, C's rows 100514 bytes apart (2-byte aligned)
+    tokens, weight = (torch.empty(n, 768, device="meta", dtype=torch.bfloat16) for n in (8191, 50257))
+    head = choose_plan(on(H100, tokens, weight.t()))
+    assert (head.design, head.c_pointers, head.b_layout) == (TMA, True, Layout(True, 768))
+    # The same head with b (K, N) contiguous: b's rows are 2-byte aligned too, so no descriptor reads it.
+    assert choose_plan(on(H100, *meta_tensors(8191, 50257, 768))).design == POINTER
     assert plan(4096, 4096, 4096, dtype=torch.float32).design == POINTER  # 16-bit operands only
     assert plan(4096, 4096, 4096, batch=4).design == POINTER  # batches take the pointer kernel
     assert plan(4096, 4096, 4096, address_aligned=False).design == POINTER  # storage from outside PyTorch
@@ -291,7 +298,11 @@ def test_matmul_tma_rule():
     assert layouts(with_tma(a.t().contiguous().t(), b.t().contiguous().t())) == (Layout(True, 136), Layout(True, 96))
     assert layouts(with_tma(a[:130].t().contiguous().t(), b)) is None  # its columns would be 260 bytes apart
     assert layouts(with_tma(a[:100], b[:, :100])) is None  # 4 tiles: too few to fill the "SMs"
-    assert layouts(with_tma(a, b[:, :260])) is None  # C's rows would be 520 bytes apart
+    assert layouts(with_tma(a, b[:, :260])) == (Layout(False, 96), Layout(False, 264))  # b's rows still 528 bytes apart
+    assert choose_plan(with_tma(a, b[:, :260])).c_pointers  # C's 520: stored through pointers
+    assert not choose_plan(with_tma(a, b)).c_pointers
+    assert choose_plan(with_tma(a, b), Tuning(c_store_alignment=128)).c_pointers  # 528-byte rows: not 128-aligned
+    assert not choose_plan(with_tma(a, b[:, :256]), Tuning(c_store_alignment=128)).c_pointers  # 512-byte rows
     assert layouts(with_tma(a.float(), b.float())) is None  # 16-bit operands only
     assert layouts(with_tma(a[None], b)) is None  # batches take the pointer kernel
     # Split K takes the pointer kernel: with TMA tiles counted at 16 x 16, 256 x 256 would take the TMA
@@ -316,6 +327,21 @@ def test_matmul_tma_kernel_matches_float64(launches, dtype):
     assert tma_launches(launches) == [(False, False), (True, False), (False, True), (True, True)] * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_tma_kernel_stores_c_through_pointers_where_its_rows_are_misaligned(launches, dtype):
+    """An LM head's shape, scaled down: b = W.t() with N odd (C's rows 2-byte aligned), M and N cutting tiles,
+    more tiles than programs; and b a view of a wider matrix, N a multiple of 4 (rows 8-byte aligned)."""
+    for M, N, K, wide in [(203, 517, 72, 517), (136, 260, 96, 264)]:
+        a = torch.randn(M, K, dtype=dtype)
+        b = torch.randn(wide, K, dtype=dtype).t()[:, :N] if wide == N else torch.randn(K, wide, dtype=dtype)[:, :N]
+        plan = choose_plan(with_tma(a, b))
+        assert plan.design == TMA and plan.c_pointers, plan
+        c = matmul_launch.run(plan, a, b)
+        assert c.is_contiguous()
+        assert_close(c, matmul_reference(a, b), dtype)
+    assert [flags["C_POINTERS"] for kernel, flags in launches] == [True, True]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
@@ -336,6 +362,23 @@ def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
         assert layouts[4:] and set(layouts[4:]) == {(True, False)}  # traced (once or more) for Inductor
     else:
         assert layouts == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_lm_head_with_an_odd_vocabulary_takes_the_tma_kernel_on_the_gpu(launches, dtype):
+    """Hopper and newer: x @ W.t() with N odd reads both operands through descriptors and stores C through
+    pointers, eager and compiled; tiles cut in M and N."""
+    if not tma_available(torch.device("cuda")):
+        pytest.skip("needs a GPU with TMA (Hopper or newer)")
+    x = torch.randn(2311, 768, device="cuda", dtype=dtype)
+    weight = torch.randn(4001, 768, device="cuda", dtype=dtype)
+    compiled = torch.compile(lambda x, w: torch.ops.tk.matmul(x, w.t()), fullgraph=True)
+    for c in (torch.ops.tk.matmul(x, weight.t()), compiled(x, weight)):
+        assert c.is_contiguous()
+        assert_close(c, matmul_reference(x, weight.t()), dtype)
+    pointers = [flags["C_POINTERS"] for kernel, flags in launches if "C_POINTERS" in flags]
+    assert pointers and all(pointers), pointers
 
 
 def test_matmul_entry_points_take_a_tuning(launches):
