@@ -108,7 +108,9 @@ def number(text: str | None, unit: str = "") -> float | None:
     except ValueError:
         return None
     unit = unit.strip()
-    for base in ("byte/second", "second", "byte"):  # ncu's units: nsecond, Kbyte, Gbyte/second, ...
+    # ncu's base units: `ns`, `byte/s`, `byte` (Nsight Compute 2025 on an H100); older releases and its
+    # documentation spell `nsecond`, `Kbyte`, `Gbyte/second`.  `byte/s` before `s`: its prefix is no prefix.
+    for base in ("byte/second", "byte/s", "second", "s", "byte"):
         if unit.endswith(base) and unit[: -len(base)] in _PREFIX:
             return value * _PREFIX[unit[: -len(base)]]
     return value  # %, register/thread, block, ...

@@ -1,7 +1,8 @@
 """--profile (torch.profiler traces, key_averages, NVTX ranges) and --ncu (Nsight Compute): what runs without a GPU.
 
 ncu is not installed here: its summary is tested on sample output written in the CSV layouts ncu documents
-(tests/workbench/data: the raw page with its row of units, and the details page), its command lines as built,
+(tests/workbench/data: the raw page with its row of units, and the details page) and on a raw page ncu wrote
+on an H100 (ncu_raw_h100.csv), its command lines as built,
 and --ncu is refused with the reason where it cannot run.  The profiling itself runs on a GPU machine
 (make profile OP=softmax TOOL=ncu)."""
 
@@ -28,6 +29,17 @@ def test_raw_page_summary():
     assert second["registers"] == 168 and second["spill loads"] == 1024 and second["spill stores"] == 2048
 
 
+def test_a_raw_page_from_nsight_compute_on_an_h100():
+    """Real output (ncu's raw page of tk's matmul at 4096^3 bfloat16, H100), whose base units are spelled `ns` and
+    `byte/s`: read as seconds, the time came out at 2.1e11 µs."""
+    (kernel,) = ncu.parse_csv((DATA / "ncu_raw_h100.csv").read_text())
+    (row,) = ncu.summarize([kernel], "tk")
+    assert row["kernel"] == "matmul_tma_kernel" and row["time"] == pytest.approx(214.368)  # 214,368 ns
+    assert row["DRAM"] == pytest.approx(1003.277, rel=1e-6)  # GB/s
+    assert (row["registers"], row["grid"], row["block"], row["spill loads"]) == (161, 132, 256, 0)
+    assert row["SM %"] == 88.35 and row["occupancy"] == 12.5
+
+
 def test_details_page_summary():
     (kernel,) = ncu.parse_csv((DATA / "ncu_details.csv").read_text())
     (row,) = ncu.summarize([kernel], "compile")
@@ -38,7 +50,9 @@ def test_details_page_summary():
 
 
 @pytest.mark.parametrize("text, unit, value", [("1,024", "", 1024.0), ("12.5", "usecond", 12.5e-6), ("3", "Gbyte/second", 3e9),
-                                               ("2", "Kbyte", 2000.0), ("n/a", "%", None), ("87.1", "%", 87.1)])  # fmt: skip
+                                               ("2", "Kbyte", 2000.0), ("n/a", "%", None), ("87.1", "%", 87.1),
+                                               ("206,900", "ns", 2.069e-4), ("5", "byte/s", 5.0), ("1.5", "us", 1.5e-6),
+                                               ("7", "cycle/s", 7.0)])  # fmt: skip
 def test_units(text, unit, value):
     assert ncu.number(text, unit) == (pytest.approx(value) if value is not None else None)
 
