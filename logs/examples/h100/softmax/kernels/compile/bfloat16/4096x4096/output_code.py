@@ -1,4 +1,4 @@
-# AOT ID: ['65_inference']
+# AOT ID: ['0_inference']
 from ctypes import c_void_p, c_long, c_int
 import torch
 import math
