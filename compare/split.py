@@ -24,7 +24,11 @@ its ``worker``.
   ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1``
   (NVLink multicast stays off on multi-GPU machines, although the sweep uses
   no NCCL).
-* With ``--device cpu`` the workers run on the CPU, each with its share of the
+* Each worker runs on its own block of the host's CPU cores (``core_blocks``),
+  and so does everything it starts: Inductor starts a compile process for each
+  core it may use, and one worker's compile, left on every core, slowed the
+  other worker's launch-bound calls up to 8x (two H100s, perf-notes).
+* With ``--device cpu`` the workers run on the CPU, each on its block of
   cores: that is how the split and the merge are tested without GPUs.
 
 Protocol: JSON lines, the parent's on the worker's stdin, the worker's on its
@@ -73,8 +77,9 @@ def serve(sweeps: list[session.Sweep], settings: runner.Settings, run_dir: Path,
         out = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)
     inp = inp or sys.stdin
-    if settings.device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // count))
+    if settings.device.type == "cpu":  # the parent pinned this process to its cores where the OS can
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) // count
+        torch.set_num_threads(max(1, cores))
     sweeps_by_op = {s.spec.name: s for s in sweeps}
     captures: dict[str, object] = {}
     progress = Progress(stream=sys.stderr, statuses=False)  # notes only (a long first call), which the parent shows
@@ -119,13 +124,33 @@ def serve(sweeps: list[session.Sweep], settings: runner.Settings, run_dir: Path,
     return 0
 
 
+def core_blocks(count: int, cores=None) -> list[list[int]]:
+    """The cores each of `count` workers may use: this process's cores in contiguous blocks (neighbours share
+    caches), as even as they divide; where there are fewer cores than workers, they share them in turn."""
+    if cores is None:
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = sorted(cores)
+    if len(cores) < count:
+        return [[cores[k % len(cores)]] for k in range(count)]
+    return [cores[k * len(cores) // count : (k + 1) * len(cores) // count] for k in range(count)]
+
+
+def _pin_to(cores: list[int]):
+    """A `preexec_fn` that keeps the worker, and every process it starts, on `cores` (None where the OS cannot)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
 def _pinning() -> dict:
     """What the worker was pinned with, for the report's environment."""
-    return {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", *NO_MULTICAST)}
+    pinned = {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", *NO_MULTICAST)}
+    pinned["cpu_cores"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return pinned
 
 
 # --------------------------------------------------------------------------
@@ -149,6 +174,7 @@ class Case:
 class Worker:
     index: int
     gpu: str  # as CUDA_VISIBLE_DEVICES names it
+    cores: list[int]  # the CPU cores it and its compile processes run on
     proc: subprocess.Popen | None = None
     generation: int = 0  # restarts so far
     case: Case | None = None  # the case it runs
@@ -162,7 +188,7 @@ class Parent:
                  quick: bool, capture: bool):  # fmt: skip
         self.sweeps, self.run, self.settings, self.argv = sweeps, run, settings, argv
         self.quick, self.capture = quick, capture
-        self.workers = [Worker(k, gpu) for k, gpu in enumerate(gpus)]
+        self.workers = [Worker(k, gpu, cores) for k, (gpu, cores) in enumerate(zip(gpus, core_blocks(len(gpus))))]
         self.inbox: queue.Queue = queue.Queue()  # (worker index, generation, message or None at its end)
         self.cases = [Case(n, *case) for n, case in enumerate((s, d, sh) for s in sweeps for d, sh in s.cases())]
         self.todo = list(self.cases)
@@ -182,7 +208,8 @@ class Parent:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         flags = ["--gpus", "1", "--worker", f"{w.index}/{len(self.workers)}", "--worker-run", str(self.run.run_dir)]
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        w.proc = subprocess.Popen([*worker_command(), *self.argv, *flags, "--quiet"], text=True, env=env, bufsize=1, **pipes)
+        w.proc = subprocess.Popen([*worker_command(), *self.argv, *flags, "--quiet"], text=True, env=env, bufsize=1,
+                                  preexec_fn=_pin_to(w.cores), **pipes)  # fmt: skip
         w.case, w.stderr_tail = None, []
         generation = w.generation
         threading.Thread(target=self._read, args=(w, generation), daemon=True).start()

@@ -60,6 +60,8 @@ def test_two_workers_write_what_one_process_writes(one_and_two):
     assert [w["CUDA_VISIBLE_DEVICES"] for w in pinned] == ["0", "1"]
     for w in pinned:  # NVLink multicast off in every worker
         assert (w["NCCL_NVLS_ENABLE"], w["TORCH_SYMM_MEM_DISABLE_MULTICAST"], w["NVSHMEM_DISABLE_NVLS"]) == ("0", "1", "1")
+    if hasattr(os, "sched_getaffinity"):  # each worker ran on its own block of this process's cores
+        assert [w["cpu_cores"] for w in pinned] == split.core_blocks(2)
     page = (two / "latest" / "summary.md").read_text()
     assert "3 ops from 3 reports" in page and "## The worst case of each op and dtype" in page
 
@@ -142,6 +144,14 @@ def test_an_interrupted_split_sweep_keeps_whole_pages_of_what_came_back(tmp_path
     assert "Incomplete" in (run_dir / "dying" / "report.md").read_text()
     assert f"interrupted: partial report in {run_dir}" in capsys.readouterr().err
     assert not (tmp_path / "logs" / "dying").exists() and not (tmp_path / "logs" / "latest").exists()
+
+
+def test_core_blocks_split_the_cores_without_overlap():
+    assert split.core_blocks(2, range(32)) == [list(range(16)), list(range(16, 32))]
+    assert split.core_blocks(3, [7, 1, 3, 5, 9]) == [[1], [3, 5], [7, 9]]  # sorted, contiguous, as even as they divide
+    assert split.core_blocks(4, [2, 6]) == [[2], [6], [2], [6]]  # fewer cores than workers: shared in turn
+    blocks = split.core_blocks(8, range(30))
+    assert sorted(c for b in blocks for c in b) == list(range(30)) and {len(b) for b in blocks} == {3, 4}
 
 
 def test_gpus_setting():
