@@ -373,6 +373,7 @@ def page(doc: dict, op_dir: Path) -> str:
     limits = [[cell.replace("**", "") for cell in row] for row in report._limit_rows(doc)] or [["none", "", ""]]
     out.append("<h2>Measured limits</h2>" + _table(["limit", "value", "how"], limits))
     out.append("<h2>Results</h2>" + _plot(op_dir))
+    out.append(_plot(op_dir, report.MEMORY_PNG_NAME, "each variant's time against its peak memory, a panel per case"))
     for dtype, label, recs in cases:
         out.append(_case(doc, op_dir, dtype, label, recs, index, profiles))
     out.append(_configs_block(doc, op_dir))

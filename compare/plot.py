@@ -1,5 +1,6 @@
-"""Throughput against problem size, one line per variant, the measured limit drawn (throughput.png); with
---configs, each configuration of tk's kernel, one line per shape (configs.png)."""
+"""Throughput against problem size, one line per variant, the measured limit drawn (throughput.png); each
+variant's time against its peak memory, a panel per case (memory.png, where peak memory was measured: CUDA);
+with --configs, each configuration of tk's kernel, one line per shape (configs.png)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .record import RECORD_FIELDS  # noqa: E402
+from .record import RECORD_FIELDS, groups  # noqa: E402
 
 # One colour and marker per variant kind, so that a reader finds tk at a glance.
 _STYLE = {
@@ -85,6 +86,38 @@ def throughput(doc: dict, path: Path) -> Path:
     device = doc["environment"].get("gpu") or "CPU, wall clock"
     note = "  (interpreted tk not plotted)" if doc["settings"]["device"] == "cpu" else ""
     fig.suptitle(f"{doc['op']}: throughput on {device}{note}", fontsize=11)
+    return _save(fig, path)
+
+
+def has_memory(doc: dict) -> bool:
+    """Whether any variant has a peak-memory figure (CUDA runs; the CPU allocator keeps none)."""
+    return any(r.get("peak_bytes") is not None and r["median_ms"] is not None for r in doc["records"])
+
+
+def memory(doc: dict, path: Path, columns: int = 4) -> Path:
+    """Time against peak memory, a panel per (dtype, shape), a labelled point per variant: the trade-off of
+    designs that buy speed with memory (linear cross entropy's chunk sizes trace a curve)."""
+    cases = [(d, label, recs) for d, label, recs in groups(doc["records"]) if any(r.get("peak_bytes") is not None for r in recs)]
+    rows = -(-len(cases) // columns)
+    width = min(columns, len(cases))
+    fig, axes = plt.subplots(rows, width, figsize=(4.4 * width, 3.6 * rows), squeeze=False)
+    for ax, (dtype, label, recs) in zip(axes.flat, cases):
+        pts = [r for r in recs if r.get("peak_bytes") is not None and r["median_ms"] is not None]
+        for n, r in enumerate(pts):
+            color, marker, _ = _STYLE.get(r["kind"], ("tab:gray", "x", "-"))
+            ax.scatter(r["peak_bytes"] / 1e6, r["median_ms"], color=color, marker=marker, s=70 if marker == "*" else 28)
+            # Labels at three heights in turn, so that neighbours' names do not print over each other.
+            ax.annotate(r["variant"], (r["peak_bytes"] / 1e6, r["median_ms"]), fontsize=6, xytext=(3, 3 + 8 * (n % 3)),
+                        textcoords="offset points")  # fmt: skip
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("peak memory above the inputs, MB")
+        ax.set_ylabel("ms per call, median")
+        ax.set_title(f"{dtype} {label}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{doc['op']}: time against peak memory on {doc['environment'].get('gpu') or 'CPU'}", fontsize=11)
     return _save(fig, path)
 
 

@@ -17,6 +17,7 @@ from .record import CONFIGS, RECORD_FIELDS, RESULTS, TableView, cells, csv_cell,
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
 CONFIGS_PNG_NAME = "configs.png"
+MEMORY_PNG_NAME = "memory.png"
 
 
 # --------------------------------------------------------------------------
@@ -155,7 +156,8 @@ def _profile_lines(doc: dict, folder: Path | None) -> list[str]:
     return out
 
 
-def markdown(doc: dict, png_name: str | None, folder: Path | None = None, configs_png: str | None = None) -> str:
+def markdown(doc: dict, png_name: str | None, folder: Path | None = None, configs_png: str | None = None,
+             memory_png: str | None = None) -> str:  # fmt: skip
     s = doc["settings"]
     out = [f"# {doc['op']}: tk against eager and torch.compile", ""]
     if doc.get("call"):
@@ -184,6 +186,8 @@ def markdown(doc: dict, png_name: str | None, folder: Path | None = None, config
     out += ["", "## Results", ""]
     if png_name:
         out += [f"![throughput]({png_name})", ""]
+    if memory_png:
+        out += [f"![time against peak memory]({memory_png})", ""]
     for dtype, label, recs in groups(doc["records"]):
         headers, rows = table_rows(recs, doc["bound"])
         out += [f"### {group_title(doc['op'], dtype, label, recs)}", ""]
@@ -232,9 +236,10 @@ def _configs_lines(doc: dict, png_name: str | None) -> list[str]:
     return out
 
 
-def write_markdown(doc: dict, folder: Path, png_name: str | None, configs_png: str | None = None) -> Path:
+def write_markdown(doc: dict, folder: Path, png_name: str | None, configs_png: str | None = None,
+                   memory_png: str | None = None) -> Path:  # fmt: skip
     path = folder / MD_NAME
-    _write_atomic(path, markdown(doc, png_name, folder, configs_png))
+    _write_atomic(path, markdown(doc, png_name, folder, configs_png, memory_png))
     return path
 
 
@@ -244,6 +249,8 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
 
     files = {"json": write_json(doc, folder), "csv": write_csv(doc, folder)}
     drawings = [("png", plot.throughput, PNG_NAME)]
+    if plot.has_memory(doc):
+        drawings.append(("memory_png", plot.memory, MEMORY_PNG_NAME))
     if doc.get("configs"):
         drawings.append(("configs_png", plot.configurations, CONFIGS_PNG_NAME))
     for key, draw, name in drawings:
@@ -252,5 +259,6 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
         except Exception as e:  # noqa: BLE001
             doc.setdefault("notes", []).append(f"plot {name} not drawn: {type(e).__name__}: {e}")
     configs_png = CONFIGS_PNG_NAME if "configs_png" in files else None
-    files["md"] = write_markdown(doc, folder, PNG_NAME if "png" in files else None, configs_png)
+    memory_png = MEMORY_PNG_NAME if "memory_png" in files else None
+    files["md"] = write_markdown(doc, folder, PNG_NAME if "png" in files else None, configs_png, memory_png)
     return files

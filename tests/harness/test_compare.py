@@ -473,6 +473,17 @@ def test_tolerance_never_below_the_rounding_of_the_exact_answer(tmp_path, monkey
     assert by["eager-wrong"]["status"] == "wrong"
 
 
+def test_time_against_peak_memory_is_drawn_where_peak_memory_was_measured(all_ops_run, tmp_path):
+    doc = load(all_ops_run, "linear_cross_entropy")
+    assert not any(r["peak_bytes"] for r in doc["records"])  # a CPU run: no peak memory, so no memory.png
+    assert "memory_png" not in report.write_all(doc, tmp_path) and not (tmp_path / "memory.png").exists()
+    for n, r in enumerate(doc["records"]):  # as a GPU run has them
+        r["peak_bytes"] = None if r["status"] == "skipped" else (n + 1) * 1_000_000
+    files = report.write_all(doc, tmp_path)
+    assert files["memory_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![time against peak memory](memory.png)" in (tmp_path / "report.md").read_text()
+
+
 def test_plot_axis_keeps_shapes_of_equal_size_apart():
     from compare.plot import _x_axis
 
