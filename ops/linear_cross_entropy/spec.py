@@ -46,11 +46,12 @@ def _tk_loss(x, weight, target):
     return torch.ops.tk.linear_cross_entropy(x, weight, target)
 
 
-def _tk_chunked(rows: int):
-    """tk's op with chunks of `rows` rows, whatever its rule would take.  Another tuning runs through
-    a plain autograd.Function over the Python bodies, which torch.compile does not trace (on the CPU
-    they launch Triton's interpreter): the harness's compile-tk-chunk-* variants run the loss eagerly."""
-    tuning = replace(TUNING, chunk_rows=rows)
+def _tk_tuned(**changes):
+    """tk's op under its tuning with `changes` (chunk_rows=256: chunks of 256 rows whatever its rule would take).
+    Another tuning runs through a plain autograd.Function over the Python bodies, which torch.compile does not
+    trace (on the CPU they launch Triton's interpreter): the harness's compile-tk-chunk-* variants run the loss
+    eagerly."""
+    tuning = replace(TUNING, **changes)
 
     @torch.compiler.disable
     def loss(x, weight, target):
@@ -105,8 +106,11 @@ register_spec(
         reference=training_step(_pytorch_loss),
         unfused={
             "tk-unfused": training_step(_tk_unfused_loss),
-            **{f"tk-chunk-{rows}": _tk_chunked(rows) for rows in CURVE_ROWS},
-            "tk-chunk-all": _tk_chunked(1 << 62),
+            **{f"tk-chunk-{rows}": _tk_tuned(chunk_rows=rows) for rows in CURVE_ROWS},
+            "tk-chunk-all": _tk_tuned(chunk_rows=1 << 62),
+            # The weight gradient summed in float32 and rounded once (tk sums it in the weight's dtype, a
+            # rounding a chunk): 4 V H bytes more, and what it buys.
+            "tk-float32-sum": _tk_tuned(float32_weight_sum=True),
         },
         make_inputs=_make_inputs,
         bytes_moved=_bytes,
