@@ -168,3 +168,72 @@ def test_without_transformers_patch_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[models\]'"):
         ops.patch(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------
+# At a real size on the GPU: a Llama of 1B shape, token counts off a multiple of 128.
+# ---------------------------------------------------------------------------
+
+KINDS = ("norm", "mlp", "rope", "loss")
+
+
+def _real_llama(layers: int = 1):
+    """Llama 3.2 1B's widths (hidden 2048, 16/8 heads, MLP 8192 cut to 5632, vocabulary 128256), bf16, CUDA."""
+    config = transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=5632,
+                                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
+                                      max_position_embeddings=4096, attention_dropout=0.0, attn_implementation="sdpa")  # fmt: skip
+    with torch.device("cuda"):  # initialised on the GPU: half a billion parameters take seconds on a CPU
+        return transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
+
+
+def _real_batch(batch: int = 4, seq: int = 2047):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, 128256, (batch, seq), generator=gen, device="cuda")
+    labels = ids.clone()
+    labels[0, :100] = -100
+    return ids, labels
+
+
+def _loss_and_grads(model, ids, labels, call=None):
+    """The loss of `call` (default: `model` itself; its compiled form) and the gradients of `model`'s parameters."""
+    model.zero_grad(set_to_none=True)
+    loss = (model if call is None else call)(ids, labels=labels).loss
+    loss.backward()
+    torch.cuda.synchronize()  # an illegal access shows here, in the test that made it
+    return loss.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+
+def _relative(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [2047, 2048])
+def test_a_patched_llama_of_real_size_matches_the_original_on_the_gpu(seq):
+    """bf16, 4 x `seq` tokens: the loss and every gradient within bf16's reach of the unpatched model's."""
+    torch.manual_seed(0)
+    original = _real_llama()
+    model = copy.deepcopy(original)
+    ops.patch(model)
+    ids, labels = _real_batch(seq=seq)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    expected, expected_grads = _loss_and_grads(original, ids, labels)
+    assert abs(loss - expected).item() < 2e-2 * expected.item()
+    for name, grad in grads.items():
+        assert _relative(grad, expected_grads[name]) < 3e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [*KINDS, "all"])
+def test_a_patched_llama_of_real_size_compiles_as_it_runs_eagerly_on_the_gpu(kind):
+    """torch.compile(fullgraph=True) of the model patched for one kind (or all), 4 x 2047 tokens: the same
+    loss and gradients as the same model run eagerly."""
+    torch.manual_seed(0)
+    model = _real_llama()
+    ops.patch(model, **{k: kind in (k, "all") for k in (*KINDS, "gelu")})
+    ids, labels = _real_batch()
+    expected, expected_grads = _loss_and_grads(model, ids, labels)
+    loss, grads = _loss_and_grads(model, ids, labels, torch.compile(model, fullgraph=True))
+    assert abs(loss - expected).item() < 1e-2 * expected.item()
+    for name, grad in grads.items():
+        assert _relative(grad, expected_grads[name]) < 2e-2, name
