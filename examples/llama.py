@@ -88,31 +88,25 @@ def _liger_step():
     from liger_kernel.transformers import apply_liger_kernel_to_llama  # optional peer
     from transformers.models.llama import modeling_llama
 
-    def module_state():
-        state = {(modeling_llama, k): v for k, v in vars(modeling_llama).items()}
-        for cls in [v for v in vars(modeling_llama).values() if isinstance(v, type)]:
-            state.update({(cls, k): v for k, v in vars(cls).items()})
-        return state
-
     plain = train_step("liger")
 
     def step(shape, ids, labels, *params):
         key = (shape, "liger", str(ids.device))
         if key not in _PATCHED:
-            before = module_state()
-            model, _ = _skeleton(shape, "liger", ids.device)
-            apply_liger_kernel_to_llama(rope=True, swiglu=True, rms_norm=True, cross_entropy=False,
-                                        fused_linear_cross_entropy=True, model=model)  # fmt: skip
-            after = module_state()
-            changed = {k: (before.get(k, _MISSING), v) for k, v in after.items() if before.get(k, _MISSING) is not v}
-            _PATCHED[key] = changed
-            _restore(changed, 0)
+
+            def patch():
+                model, _ = _skeleton(shape, "liger", ids.device)
+                apply_liger_kernel_to_llama(rope=True, swiglu=True, rms_norm=True, cross_entropy=False,
+                                            fused_linear_cross_entropy=True, model=model)  # fmt: skip
+
+            _PATCHED[key] = changes_of(patch, modeling_llama)
+            put_back(_PATCHED[key], 0)
         changed = _PATCHED[key]
-        _restore(changed, 1)  # Liger's names in
+        put_back(changed, 1)  # Liger's names in
         try:
             return plain(shape, ids, labels, *params)
         finally:
-            _restore(changed, 0)  # PyTorch's back
+            put_back(changed, 0)  # PyTorch's back
 
     return step
 
@@ -121,8 +115,29 @@ _MISSING = object()
 _PATCHED: dict[tuple, dict] = {}
 
 
-def _restore(changed: dict, which: int) -> None:
-    """Set every changed name to its value before Liger's patch (0) or after it (1)."""
+def changes_of(patch: Callable[[], None], module) -> dict:
+    """What ``patch()`` changes in `module` and in the classes `module` held before it ran:
+    {(owner, name): (value before, value after)}, _MISSING where there was none.  Only those owners:
+    a class the patch brings in is its own, and putting back one of its names (absent "before")
+    would delete that class's method for every later use (Liger's RMS norm lost its forward so)."""
+    owners = [module, *(v for v in vars(module).values() if isinstance(v, type))]
+
+    def state() -> dict:
+        return {(owner, name): value for owner in owners for name, value in vars(owner).items()}
+
+    before = state()
+    patch()
+    after = state()
+    changed = {}
+    for key in before.keys() | after.keys():
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if old is not new:
+            changed[key] = (old, new)
+    return changed
+
+
+def put_back(changed: dict, which: int) -> None:
+    """Set every changed name to its value before the patch (0) or after it (1)."""
     for (owner, name), values in changed.items():
         value = values[which]
         with contextlib.suppress(AttributeError, TypeError):
