@@ -6,6 +6,8 @@ during its timed calls): ``CALLS`` calls, the device synchronized around them, w
     profile/<variant>/<dtype>/<shape>/trace.json         Chrome trace: chrome://tracing or ui.perfetto.dev
     profile/<variant>/<dtype>/<shape>/key_averages.txt   torch.profiler's table, by device time (CPU time on a CPU)
     profile/<variant>/<dtype>/<shape>/key_averages.json  its top rows, which report.html shows
+    profile/<variant>/<dtype>/<shape>/memory.md          CUDA: what one call held at its peak, and where it was allocated
+    profile/<variant>/<dtype>/<shape>/memory.pickle      CUDA: the allocator's history of that call, for pytorch.org/memory_viz
 
 Every variant's timed region (and its first call) carries an NVTX range named
 ``<variant> <dtype> <shape>`` on CUDA, whether or not ``--profile`` is given: Nsight Systems
@@ -16,15 +18,19 @@ there is no NVTX and the ranges are nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 CALLS = 5  # calls per trace: enough to see the steady state, small enough to open in a browser
 TOP_ROWS = 15  # rows of key_averages kept for the report
+HISTORY_ENTRIES = 100_000  # allocator events kept for one call: a model's training step makes some ten thousand
 
 
 def timed_region(name: str, device: torch.device):
@@ -79,10 +85,110 @@ def trace_variant(fn, args: tuple, device: torch.device, root: Path, variant: st
     rows = key_average_rows(prof, device, calls)
     about = {"variant": variant, "dtype": dtype, "shape_label": shape_label, "calls": calls,
              "device": device.type, "sorted_by": _sort_key(device), "rows": rows}  # fmt: skip
-    tmp = folder / f".key_averages.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(about, indent=1) + "\n")
-    os.replace(tmp, folder / "key_averages.json")
+    _write(folder / "key_averages.json", json.dumps(about, indent=1) + "\n")
+    snapshot = memory_history(fn, args, device)
+    if snapshot is not None:
+        with open(folder / "memory.pickle", "wb") as f:
+            pickle.dump(snapshot, f)
+        title = f"{variant}, {dtype} {shape_label}: one call"
+        _write(folder / "memory.md", peak_markdown(title, at_peak(snapshot["device_traces"][_index(device)])))
     return folder
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole (a temporary file first)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def memory_history(fn, args: tuple, device: torch.device) -> dict | None:
+    """The CUDA caching allocator's history over one call of ``fn`` (``torch.cuda.memory._snapshot`` with
+    history recorded: every allocation and free, with its Python stack); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    try:
+        out = fn(*args)
+        torch.cuda.synchronize(device)
+        del out
+        return torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+@dataclass
+class Held:
+    """One allocation alive at the peak."""
+
+    size: int
+    where: str  # the innermost frame outside torch and the harness: who asked for it
+
+
+def at_peak(trace: list[dict]) -> tuple[int, list[Held]]:
+    """The most bytes allocated at once over a trace of the allocator's events (allocations made before the
+    trace, such as the inputs, are not counted), and the allocations alive at that moment, largest first.
+    An allocation counts until its free completes, as ``torch.cuda.max_memory_allocated`` counts it."""
+    live: dict[int, Held] = {}
+    total = peak = 0
+    at: list[Held] = []
+    for event in trace:
+        if event["action"] == "alloc":
+            live[event["addr"]] = Held(event["size"], _where(event.get("frames", [])))
+            total += event["size"]
+            if total > peak:
+                peak, at = total, list(live.values())
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            total -= live.pop(event["addr"]).size
+    return peak, sorted(at, key=lambda h: h.size, reverse=True)
+
+
+def _package_dir(module) -> str:
+    return str(Path(module.__file__).resolve().parent) + os.sep
+
+
+# Frames in these are passed over: the allocation is charged to the code that called into them.
+_NOT_THE_CALLER = (_package_dir(torch), str(Path(__file__).resolve().parent) + os.sep)
+
+
+@functools.lru_cache(maxsize=4096)
+def _callers_file(name: str) -> bool:
+    """Whether a frame in file `name` is the model's or tk's code (a history repeats a few hundred files)."""
+    if not name or name.startswith("<"):  # <frozen importlib...>, <string>
+        return False
+    return not str(Path(name).resolve()).startswith(_NOT_THE_CALLER)
+
+
+def _where(frames: list[dict]) -> str:
+    """The innermost frame of the model's or tk's code (not torch's, not this harness's), as file:line name."""
+    for frame in frames:  # innermost first
+        if _callers_file(frame.get("filename", "")):
+            return f"{Path(frame['filename']).name}:{frame.get('line')} {frame.get('name')}"
+    return "(torch)"
+
+
+def peak_markdown(title: str, found: tuple[int, list[Held]], top: int = 12) -> str:
+    """memory.md: the peak, then what held it, grouped by where it was allocated."""
+    peak, held = found
+    groups: dict[str, list[int]] = {}
+    for h in held:
+        groups.setdefault(h.where, []).append(h.size)
+    rows = sorted(groups.items(), key=lambda kv: sum(kv[1]), reverse=True)
+    lines = [f"# Memory at the peak: {title}", "",
+             f"Peak above the memory held before the call: {peak / 1e6:,.1f} MB in {len(held)} allocations.", "",
+             "| allocated at | allocations | MB | largest, MB |", "|---|---|---|---|"]  # fmt: skip
+    for where, sizes in rows[:top]:
+        lines.append(f"| `{where}` | {len(sizes)} | {sum(sizes) / 1e6:,.1f} | {max(sizes) / 1e6:,.1f} |")
+    if len(rows) > top:
+        rest = [s for _, sizes in rows[top:] for s in sizes]
+        lines.append(f"| (the rest) | {len(rest)} | {sum(rest) / 1e6:,.1f} | {max(rest) / 1e6:,.1f} |")
+    lines += ["", "memory.pickle beside this page opens in pytorch.org/memory_viz (the allocator's whole history).", ""]
+    return "\n".join(lines)
 
 
 def read_profiles(op_dir: Path) -> list[dict]:
@@ -96,5 +202,7 @@ def read_profiles(op_dir: Path) -> list[dict]:
             continue
         folder = path.parent.relative_to(op_dir)
         about.update(trace=str(folder / "trace.json"), table=str(folder / "key_averages.txt"))
+        if (path.parent / "memory.md").is_file():
+            about["memory"] = str(folder / "memory.md")
         found.append(about)
     return found

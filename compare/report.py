@@ -146,8 +146,9 @@ def _profile_lines(doc: dict, folder: Path | None) -> list[str]:
         for p in profiles:
             top = p["rows"][0] if p["rows"] else None
             lead = f"; top: `{top['name'][:60]}`" if top else ""
+            memory = f", [memory at the peak]({p['memory']})" if p.get("memory") else ""
             out.append(f"- {p['variant']} {p['dtype']} {p['shape_label']}: [trace]({p['trace']}),"
-                       f" [key_averages]({p['table']}){lead}")
+                       f" [key_averages]({p['table']}){memory}{lead}")
         out.append("")
     result = doc.get("ncu")
     if result:

@@ -125,6 +125,37 @@ def test_a_trace_and_its_table(tmp_path):
     assert "aten::exp" in (folder / "key_averages.txt").read_text()
 
 
+def test_a_trace_on_a_cpu_has_no_memory_history(tmp_path):
+    folder = profiling.trace_variant(lambda t: t * 2, (torch.ones(8),), torch.device("cpu"), tmp_path / "profile",
+                                     "eager", "float32", "n=8", calls=1)  # fmt: skip
+    assert not (folder / "memory.md").exists() and "memory" not in profiling.read_profiles(tmp_path)[0]
+
+
+def _event(action, addr, size=0, *files):
+    return {"action": action, "addr": addr, "size": size,
+            "frames": [{"filename": f, "line": 7, "name": "fn"} for f in files]}  # fmt: skip
+
+
+def test_the_peak_of_an_allocator_history_and_who_held_it():
+    """The peak counts allocations until their free completes (as max_memory_allocated does), never the
+    memory held before; each is charged to the innermost frame outside torch and the harness."""
+    torch_file, ours = torch.__file__, str(Path(profiling.__file__))
+    trace = [
+        _event("alloc", 1, 100, torch_file, "/m/ops/lce.py"),  # tk's chunk buffer
+        _event("alloc", 2, 50, torch_file, ours, "/m/models/llama.py"),
+        _event("free_requested", 1),  # still counted: its free has not completed
+        _event("alloc", 3, 30, torch_file),  # torch's own (a workspace)
+        _event("free_completed", 1),
+        _event("free_completed", 99),  # allocated before the history began: ignored
+        _event("alloc", 4, 60, "<frozen runpy>", "/m/ops/lce.py"),
+        _event("segment_alloc", 5, 1000),
+    ]
+    peak, held = profiling.at_peak(trace)
+    assert peak == 180 and [(h.size, h.where) for h in held] == [(100, "lce.py:7 fn"), (50, "llama.py:7 fn"), (30, "(torch)")]
+    page = profiling.peak_markdown("tk, bfloat16 4x2048: one call", (peak, held), top=2)
+    assert "0.0 MB in 3 allocations" in page and "| `lce.py:7 fn` | 1 | 0.0 |" in page and "| (the rest) | 1 |" in page
+
+
 def test_profile_case_runs_each_variant_and_reports_progress(tmp_path, monkeypatch):
     """profile_case end to end with ncu's two commands stood in for (a report written, the sample raw CSV
     read back): a summary row per variant's kernel, and a status line per variant on the run's Progress

@@ -49,6 +49,17 @@ def test_profile_tables_by_device_time(softmax_gpu):
         assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
 
 
+def test_each_profile_says_what_one_call_held_at_its_peak(softmax_gpu):
+    """memory.md: tk's softmax of 1024 x 65536 bf16 holds its output (128 MB) at its peak, allocated in tk's
+    code; the allocator's history beside it."""
+    page = (softmax_gpu / "profile" / "tk" / "bfloat16" / "1024x65536" / "memory.md").read_text()
+    peak = float(page.split("Peak above the memory held before the call: ")[1].split(" MB")[0].replace(",", ""))
+    assert 1024 * 65536 * 2 / 1e6 <= peak < 1.5 * 1024 * 65536 * 2 / 1e6, page
+    assert "(torch)" not in page.split("| allocated at |")[1].splitlines()[2], page  # the output: charged to tk's code
+    assert (softmax_gpu / "profile" / "tk" / "bfloat16" / "1024x65536" / "memory.pickle").stat().st_size > 0
+    assert "[memory at the peak](profile/tk/bfloat16/1024x65536/memory.md)" in (softmax_gpu / "report.md").read_text()
+
+
 def test_report_html_gives_each_kernel_its_device_time(softmax_gpu):
     page = (softmax_gpu / "report.html").read_text()
     tk_sides = re.findall(r'<div class="side tk">(.*?)</div><div class="side gen">', page, re.S)
