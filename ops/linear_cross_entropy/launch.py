@@ -37,7 +37,8 @@ def run(
     n_rows, vocab = x.shape[0], weight.shape[0]
     row_loss = torch.empty(n_rows if plan.loss else 0, dtype=compute_dtype(x.dtype), device=x.device)
     kept_count = (target != ignore_index).sum() if plan.reduction == "mean" and (plan.loss or plan.mean) else None
-    sums = GradientSums(plan, x, weight, bias)
+    weight, bias = gemm_operands(plan, weight, bias)
+    sums = GradientSums(plan, x, weight, bias, vocab)
     for start, end, padded_rows, logits in chunk_logits(plan, x, weight, bias):
         # The pointers a launch does not read (the plan's flags leave them out) are the buffer's.
         launcher(linear_cross_entropy_kernel, x)[(cdiv(end - start, plan.tile.rows),)](
@@ -54,11 +55,27 @@ def run(
     return (_reduce(plan, row_loss, kept_count), *sums.results())
 
 
+def gemm_operands(plan: Plan, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The weight and bias the GEMMs read: as given, or (plan.pad_weight) with zero rows to the logits'
+    padded stride, so that every GEMM's dimensions are whole 16-byte runs (plan.py: Tuning.pad_weight).
+    The padded classes' logits are 0 and their gradient is written 0: they add nothing to grad_x."""
+    if not plan.pad_weight:
+        return weight, bias
+    vocab = weight.shape[0]
+    padded = weight.new_empty((plan.logits_stride, weight.shape[1]))
+    padded[:vocab].copy_(weight)
+    padded[vocab:].zero_()
+    if bias is not None:
+        bias = torch.cat([bias, bias.new_zeros(plan.logits_stride - vocab)])
+    return padded, bias
+
+
 def chunk_logits(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """For each chunk of the plan: (start, end, padded_rows, logits), its logits x[start:end] @ W^T (+ b)
-    computed into one buffer reused by every chunk, its rows padded to 16 bytes.  The row kernel reads
-    and writes the padded rows whole (their padding ends 0), so it gets them whole: a traced call's
-    functional copy of a tensor covers that tensor's extent only."""
+    computed into one buffer reused by every chunk, its rows padded to 16 bytes (`logits`: the columns
+    the GEMMs write and read, all of them where the weight is padded, gemm_operands).  The row kernel
+    reads and writes the padded rows whole (their padding ends 0), so it gets them whole: a traced
+    call's functional copy of a tensor covers that tensor's extent only."""
     if not plan.chunks:
         return
     buffer = torch.empty((plan.chunk_rows, plan.logits_stride), dtype=x.dtype, device=x.device)
@@ -76,10 +93,11 @@ def chunk_logits(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 class GradientSums:
     """The gradients the plan computes, from each chunk's logits' gradient: grad_x's rows, and the
-    weight's and bias's sums over the chunks (the gradient itself, or a float32 sum rounded once)."""
+    weight's and bias's sums over the chunks (the gradient itself, or a float32 sum rounded once).
+    `weight` and `bias` are the GEMMs' (gemm_operands): their first `vocab` rows are the classes'."""
 
-    def __init__(self, plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.plan, self.x, self.weight, self.bias = plan, x, weight, bias
+    def __init__(self, plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, vocab: int):
+        self.plan, self.x, self.weight, self.bias, self.vocab = plan, x, weight, bias, vocab
         compute = compute_dtype(x.dtype)
         self.grad_x = torch.empty_like(x, memory_format=torch.contiguous_format) if plan.x_grad else None
         self.weight_sum = None
@@ -102,8 +120,9 @@ class GradientSums:
         """(grad_x, grad_weight, grad_bias): a float32 sum rounded once to its parameter's dtype; a
         gradient the plan does not compute is an empty tensor of its own."""
         grad_x = self.grad_x if self.grad_x is not None else self.x.new_empty(0)
-        grad_weight = self.weight_sum.to(self.weight.dtype) if self.weight_sum is not None else self.x.new_empty(0)
-        grad_bias = self.bias_sum.to(self.bias.dtype) if self.bias_sum is not None else self.x.new_empty(0)
+        v = self.vocab  # the padded classes' rows go
+        grad_weight = self.weight_sum[:v].to(self.weight.dtype) if self.weight_sum is not None else self.x.new_empty(0)
+        grad_bias = self.bias_sum[:v].to(self.bias.dtype) if self.bias_sum is not None else self.x.new_empty(0)
         return grad_x, grad_weight, grad_bias
 
 

@@ -78,6 +78,14 @@ class Tuning:
     # (1e-4); the float32 sum's extra traffic was not hidden behind the chunk's GEMMs.
     float32_weight_sum: bool = False
 
+    # A vocabulary whose rows are not a whole number of 16-byte runs (GPT-2's 50257): the GEMMs read
+    # the weight padded with zero rows to the logits' padded stride, and write and read the padded
+    # logits whole.  Unpadded, the GEMMs' contiguous dimension (V, or V as K) is not a multiple of 8
+    # elements, and cuBLAS on the H100 took its align-1 kernels (sm75 CUTLASS): 6.9 of the 7.5 ms of
+    # 4095x768x50257's training step, where tk's unfused matmul took 4.5 (perf-notes version 48).
+    # The cost: one copy of the weight (V H s bytes, 77 MB for GPT-2) a call.
+    pad_weight: bool = True
+
     # The row kernel: chunks of the next power of two of V, capped, `per_thread` elements a thread.
     # It reads each row twice and writes it once, as cross entropy's backward reads and writes once:
     # its long rows took 8 a thread on 16 warps (ops/cross_entropy/plan.py, perf-notes version 34).
@@ -151,6 +159,7 @@ class Plan:
     weight_grad: bool
     bias_grad: bool
     weight_sum: str  # IN_OUTPUT, FLOAT32, FLOAT32_TRACED or WIDENED (see the module docstring)
+    pad_weight: bool  # the GEMMs read the weight padded with zero rows to logits_stride (Tuning.pad_weight)
 
 
 def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
@@ -175,6 +184,7 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
         weight_grad=meta.weight_grad,
         bias_grad=meta.bias_grad,
         weight_sum=_weight_sum(meta, chunks, tuning),
+        pad_weight=tuning.pad_weight and stride != meta.vocab,
     )
 
 

@@ -34,7 +34,7 @@ from ..blocks.sizes import cdiv
 from ..cross_entropy.op import check_options
 from ..runtime import check_tensor, launcher, register_op
 from .kernels import vocab_shard_gradient_kernel, vocab_shard_statistics_kernel
-from .launch import GradientSums, chunk_logits, compute_dtype
+from .launch import GradientSums, chunk_logits, compute_dtype, gemm_operands
 from .op import check_bias_grad, check_inputs, describe
 from .plan import TUNING, Tuning, choose_plan
 
@@ -70,11 +70,12 @@ def shard_stats(
     meta = describe(x, weight, "none", label_smoothing, loss=True, incoming=False)
     plan = choose_plan(meta, tuning)
     target = target.contiguous()
-    for start, end, padded_rows, _ in chunk_logits(plan, x, weight, bias):
+    classes = weight.shape[0]
+    for start, end, padded_rows, _ in chunk_logits(plan, x, *gemm_operands(plan, weight, bias)):
         # One view a stat: a traced call's functional copy of a view covers that view only (launch.py).
         launcher(vocab_shard_statistics_kernel, x)[(cdiv(end - start, plan.tile.rows),)](
             padded_rows, target[start:end], *(stat[start:end] for stat in stats),
-            end - start, weight.shape[0], plan.logits_stride, vocab_start, ignore_index,
+            end - start, classes, plan.logits_stride, vocab_start, ignore_index,
             SMOOTHING=plan.smoothing, BLOCK_M=plan.tile.rows, BLOCK_SIZE=plan.tile.block,
             ROW_MULTIPLE=plan.tile.row_multiple, num_warps=plan.tile.warps,
         )  # fmt: skip
@@ -121,8 +122,10 @@ def shard_backward(
         loss=False, incoming=True, x_grad=x_grad, weight_grad=weight_grad, bias_grad=bias_grad,
     )  # fmt: skip
     plan = choose_plan(meta, tuning)
-    sums = GradientSums(plan, x, weight, bias)
-    if weight.shape[0] == 0:  # no class here: this shard adds nothing to grad_x
+    classes = weight.shape[0]
+    weight, bias = gemm_operands(plan, weight, bias)
+    sums = GradientSums(plan, x, weight, bias, classes)
+    if classes == 0:  # no class here: this shard adds nothing to grad_x
         if sums.grad_x is not None:
             sums.grad_x.zero_()
         return sums.results()
@@ -134,7 +137,7 @@ def shard_backward(
     for start, end, padded_rows, logits in chunk_logits(plan, x, weight, bias):
         launcher(vocab_shard_gradient_kernel, x)[(cdiv(end - start, plan.tile.rows),)](
             padded_rows, target[start:end], lse[start:], scale[start:],
-            end - start, weight.shape[0], plan.logits_stride, vocab_start, vocab, ignore_index, float(label_smoothing),
+            end - start, classes, plan.logits_stride, vocab_start, vocab, ignore_index, float(label_smoothing),
             BLOCK_M=plan.tile.rows, BLOCK_SIZE=plan.tile.block, ROW_MULTIPLE=plan.tile.row_multiple,
             num_warps=plan.tile.warps,
         )  # fmt: skip

@@ -111,6 +111,8 @@ register_spec(
             # The weight gradient summed in float32 and rounded once (tk sums it in the weight's dtype, a
             # rounding a chunk): 4 V H bytes more, and what it buys.
             "tk-float32-sum": _tk_tuned(float32_weight_sum=True),
+            # An odd vocabulary's GEMMs on the weight as given, not padded to 16 bytes (Tuning.pad_weight).
+            "tk-unpadded-weight": _tk_tuned(pad_weight=False),
         },
         make_inputs=_make_inputs,
         bytes_moved=_bytes,

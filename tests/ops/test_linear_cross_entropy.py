@@ -157,6 +157,40 @@ def test_a_16bit_weight_gradient_summed_in_float32_when_asked(dtype):
     check_against_float64(x, weight, target, bias, tuning, reduction="mean")
 
 
+class _GemmShapes(TorchDispatchMode):
+    """The operands' shapes of every mm and addmm under the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default, torch.ops.aten.addmm.out):
+            self.shapes.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_odd_vocabulary_reaches_the_gemms_padded_to_16_bytes(dtype):
+    """V = 37 (rows of 74 or 148 bytes): the GEMMs read the weight and write the logits padded to 40 classes
+    (cuBLAS's fast kernels need whole 16-byte runs), the padded classes add nothing, and the gradients have
+    V rows; unpadded (Tuning.pad_weight=False) the same numbers."""
+    x, weight, target, bias = make_case(37, 16, 37, "cpu", dtype)
+    meta = describe(x, weight, "mean", 0.1, x_grad=True, weight_grad=True, bias_grad=True)
+    assert choose_plan(meta, SMALL_CHUNKS).pad_weight and not choose_plan(meta, replace(SMALL_CHUNKS, pad_weight=False)).pad_weight
+    assert not plan_for(8191, 2048, 128256).pad_weight and plan_for(4095, 768, 50257).pad_weight  # Llama 3's, GPT-2's
+    leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+    with _GemmShapes() as gemms:
+        loss = linear_cross_entropy_with_tuning(leaves[0], leaves[1], target, leaves[2], label_smoothing=0.1,
+                                                tuning=SMALL_CHUNKS)  # fmt: skip
+    dims = {d for shapes in gemms.shapes for shape in shapes for d in shape}
+    assert gemms.shapes and 40 in dims and 37 not in dims, gemms.shapes
+    grads = torch.autograd.grad(loss, leaves)
+    assert [tuple(g.shape) for g in grads] == [(37, 16), (37, 16), (37,)]
+    for tuning in (SMALL_CHUNKS, replace(SMALL_CHUNKS, pad_weight=False)):
+        check_against_float64(x, weight, target, bias, tuning, reduction="mean", label_smoothing=0.1)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_x_of_three_dims_and_unbatched(device):
     """x (B, T, H) with target (B, T), and x (H,) with a 0-d target, as F.cross_entropy takes them."""
