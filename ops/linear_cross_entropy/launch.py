@@ -8,6 +8,7 @@ says, and decides nothing.
 """
 
 import torch
+import torch.nn.functional as F
 
 from ..blocks.sizes import cdiv
 from ..runtime import launcher
@@ -61,13 +62,8 @@ def gemm_operands(plan: Plan, weight: torch.Tensor, bias: torch.Tensor | None):
     The padded classes' logits are 0 and their gradient is written 0: they add nothing to grad_x."""
     if not plan.pad_weight:
         return weight, bias
-    vocab = weight.shape[0]
-    padded = weight.new_empty((plan.logits_stride, weight.shape[1]))
-    padded[:vocab].copy_(weight)
-    padded[vocab:].zero_()
-    if bias is not None:
-        bias = torch.cat([bias, bias.new_zeros(plan.logits_stride - vocab)])
-    return padded, bias
+    extra = plan.logits_stride - weight.shape[0]  # zero rows (classes) at the end
+    return F.pad(weight, (0, 0, 0, extra)), None if bias is None else F.pad(bias, (0, extra))
 
 
 def chunk_logits(plan: Plan, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
