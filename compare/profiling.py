@@ -91,7 +91,8 @@ def trace_variant(fn, args: tuple, device: torch.device, root: Path, variant: st
         with open(folder / "memory.pickle", "wb") as f:
             pickle.dump(snapshot, f)
         title = f"{variant}, {dtype} {shape_label}: one call"
-        _write(folder / "memory.md", peak_markdown(title, at_peak(snapshot["device_traces"][_index(device)])))
+        trace = snapshot["device_traces"][_index(device)]
+        _write(folder / "memory.md", peak_markdown(title, at_peak(trace), cut=len(trace) >= HISTORY_ENTRIES))
     return folder
 
 
@@ -133,19 +134,26 @@ class Held:
 def at_peak(trace: list[dict]) -> tuple[int, list[Held]]:
     """The most bytes allocated at once over a trace of the allocator's events (allocations made before the
     trace, such as the inputs, are not counted), and the allocations alive at that moment, largest first.
-    An allocation counts until its free completes, as ``torch.cuda.max_memory_allocated`` counts it."""
-    live: dict[int, Held] = {}
-    total = peak = 0
-    at: list[Held] = []
-    for event in trace:
+    An allocation counts until its free is requested, as ``torch.cuda.max_memory_allocated`` counts it (the
+    allocator lowers allocated_bytes there; a block freed on another stream stays *active* until its free
+    completes); the sizes are those asked for, before the allocator rounds them up."""
+    sizes: dict[int, int] = {}
+    total = peak = peak_at = 0
+    for n, event in enumerate(trace):
         if event["action"] == "alloc":
-            live[event["addr"]] = Held(event["size"], _where(event.get("frames", [])))
+            sizes[event["addr"]] = event["size"]
             total += event["size"]
             if total > peak:
-                peak, at = total, list(live.values())
-        elif event["action"] == "free_completed" and event["addr"] in live:
-            total -= live.pop(event["addr"]).size
-    return peak, sorted(at, key=lambda h: h.size, reverse=True)
+                peak, peak_at = total, n
+        elif event["action"] == "free_requested" and event["addr"] in sizes:
+            total -= sizes.pop(event["addr"])
+    live: dict[int, Held] = {}  # replayed up to the peak: who held it
+    for event in trace[: peak_at + 1] if peak else []:
+        if event["action"] == "alloc":
+            live[event["addr"]] = Held(event["size"], _where(event.get("frames", [])))
+        elif event["action"] == "free_requested":
+            live.pop(event["addr"], None)
+    return peak, sorted(live.values(), key=lambda h: h.size, reverse=True)
 
 
 def _package_dir(module) -> str:
@@ -172,21 +180,26 @@ def _where(frames: list[dict]) -> str:
     return "(torch)"
 
 
-def peak_markdown(title: str, found: tuple[int, list[Held]], top: int = 12) -> str:
-    """memory.md: the peak, then what held it, grouped by where it was allocated."""
+def peak_markdown(title: str, found: tuple[int, list[Held]], top: int = 12, cut: bool = False) -> str:
+    """memory.md: the peak, then what held it, grouped by where it was allocated.  `cut`: the history kept
+    only its last HISTORY_ENTRIES events (a ring), so the call's first allocations are missing."""
     peak, held = found
     groups: dict[str, list[int]] = {}
     for h in held:
         groups.setdefault(h.where, []).append(h.size)
     rows = sorted(groups.items(), key=lambda kv: sum(kv[1]), reverse=True)
     lines = [f"# Memory at the peak: {title}", "",
-             f"Peak above the memory held before the call: {peak / 1e6:,.1f} MB in {len(held)} allocations.", "",
+             f"Peak above the memory held before the call: {peak / 1e6:,.1f} MB in {len(held)} allocations"
+             " (sizes as asked for, before the allocator rounds them up).", "",
              "| allocated at | allocations | MB | largest, MB |", "|---|---|---|---|"]  # fmt: skip
     for where, sizes in rows[:top]:
         lines.append(f"| `{where}` | {len(sizes)} | {sum(sizes) / 1e6:,.1f} | {max(sizes) / 1e6:,.1f} |")
     if len(rows) > top:
         rest = [s for _, sizes in rows[top:] for s in sizes]
         lines.append(f"| (the rest) | {len(rest)} | {sum(rest) / 1e6:,.1f} | {max(rest) / 1e6:,.1f} |")
+    if cut:
+        lines += ["", f"**Incomplete:** the call made more than {HISTORY_ENTRIES:,} allocator events and the history"
+                  " kept the last ones only: allocations made before them are not counted."]  # fmt: skip
     lines += ["", "memory.pickle beside this page opens in pytorch.org/memory_viz (the allocator's whole history).", ""]
     return "\n".join(lines)
 

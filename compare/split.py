@@ -24,7 +24,7 @@ its ``worker``.
   ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` and ``NVSHMEM_DISABLE_NVLS=1``
   (NVLink multicast stays off on multi-GPU machines, although the sweep uses
   no NCCL).
-* Each worker runs on its own block of the host's CPU cores (``core_blocks``),
+* Each worker runs on its own block of the host's physical cores (``core_blocks``),
   and so does everything it starts: Inductor starts a compile process for each
   core it may use, and one worker's compile, left on every core, slowed the
   other worker's launch-bound calls up to 8x (two H100s, perf-notes).
@@ -38,6 +38,7 @@ shows prefixed ``[worker k]``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -124,22 +125,46 @@ def serve(sweeps: list[session.Sweep], settings: runner.Settings, run_dir: Path,
     return 0
 
 
-def core_blocks(count: int, cores=None) -> list[list[int]]:
-    """The cores each of `count` workers may use: this process's cores in contiguous blocks (neighbours share
-    caches), as even as they divide; where there are fewer cores than workers, they share them in turn."""
+def core_blocks(count: int, cores=None, twins=None) -> list[list[int]]:
+    """The cores each of `count` workers may use: this process's physical cores in contiguous blocks
+    (neighbours share caches), as even as they divide, each with its hyperthreads (`twins`: a CPU's
+    physical core's CPUs, from sysfs): Linux numbers the twins apart (0-95 the cores, 96-191 their second
+    threads), and blocks of numbers alone would give two workers the same cores.  Where there are fewer
+    cores than workers, they share them in turn."""
     if cores is None:
         cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    cores = sorted(cores)
-    if len(cores) < count:
-        return [[cores[k % len(cores)]] for k in range(count)]
-    return [cores[k * len(cores) // count : (k + 1) * len(cores) // count] for k in range(count)]
+    cores, twins = set(cores), twins or _twins
+    groups, seen = [], set()  # each physical core's CPUs, in the order of its first
+    for cpu in sorted(cores):
+        if cpu not in seen:
+            group = sorted((twins(cpu) & cores) | {cpu})
+            seen.update(group)
+            groups.append(group)
+    if len(groups) < count:
+        return [groups[k % len(groups)] for k in range(count)]
+    blocks = [groups[k * len(groups) // count : (k + 1) * len(groups) // count] for k in range(count)]
+    return [sorted(cpu for group in block for cpu in group) for block in blocks]
 
 
-def _pin_to(cores: list[int]):
-    """A `preexec_fn` that keeps the worker, and every process it starts, on `cores` (None where the OS cannot)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    return lambda: os.sched_setaffinity(0, cores)
+def _twins(cpu: int) -> set[int]:
+    """The CPUs of `cpu`'s physical core, as sysfs lists them ("0,96", "0-1"); `cpu` alone where it does not."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    found = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
+def _pin(proc: subprocess.Popen, cores: list[int]) -> None:
+    """Keep a worker just started, and every process it starts later (they inherit it), on `cores`: set from
+    here, before its Python has imported anything (a preexec_fn is not safe once this process has threads)."""
+    if hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(ProcessLookupError):  # it died at once: its reader says so
+            os.sched_setaffinity(proc.pid, cores)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -208,8 +233,8 @@ class Parent:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         flags = ["--gpus", "1", "--worker", f"{w.index}/{len(self.workers)}", "--worker-run", str(self.run.run_dir)]
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        w.proc = subprocess.Popen([*worker_command(), *self.argv, *flags, "--quiet"], text=True, env=env, bufsize=1,
-                                  preexec_fn=_pin_to(w.cores), **pipes)  # fmt: skip
+        w.proc = subprocess.Popen([*worker_command(), *self.argv, *flags, "--quiet"], text=True, env=env, bufsize=1, **pipes)
+        _pin(w.proc, w.cores)
         w.case, w.stderr_tail = None, []
         generation = w.generation
         threading.Thread(target=self._read, args=(w, generation), daemon=True).start()

@@ -147,11 +147,21 @@ def test_an_interrupted_split_sweep_keeps_whole_pages_of_what_came_back(tmp_path
 
 
 def test_core_blocks_split_the_cores_without_overlap():
-    assert split.core_blocks(2, range(32)) == [list(range(16)), list(range(16, 32))]
-    assert split.core_blocks(3, [7, 1, 3, 5, 9]) == [[1], [3, 5], [7, 9]]  # sorted, contiguous, as even as they divide
-    assert split.core_blocks(4, [2, 6]) == [[2], [6], [2], [6]]  # fewer cores than workers: shared in turn
-    blocks = split.core_blocks(8, range(30))
+    alone = lambda cpu: {cpu}  # noqa: E731 - no hyperthreads
+    assert split.core_blocks(2, range(32), alone) == [list(range(16)), list(range(16, 32))]
+    assert split.core_blocks(3, [7, 1, 3, 5, 9], alone) == [[1], [3, 5], [7, 9]]  # sorted, contiguous, even
+    assert split.core_blocks(4, [2, 6], alone) == [[2], [6], [2], [6]]  # fewer cores than workers: shared in turn
+    blocks = split.core_blocks(8, range(30), alone)
     assert sorted(c for b in blocks for c in b) == list(range(30)) and {len(b) for b in blocks} == {3, 4}
+
+
+def test_a_cores_hyperthreads_go_to_one_worker():
+    """Linux numbers a core's second thread apart (CPUs 0-3 the cores, 4-7 their twins): each worker gets
+    whole cores, both threads, never the twin of another worker's CPU."""
+    twins = lambda cpu: {cpu % 4, cpu % 4 + 4}  # noqa: E731
+    assert split.core_blocks(2, range(8), twins) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert split.core_blocks(2, [0, 1, 2, 3], twins) == [[0, 1], [2, 3]]  # twins outside the affinity are not taken
+    assert split._twins(10**6) == {10**6}  # no such CPU in sysfs: itself
 
 
 def test_gpus_setting():

@@ -137,23 +137,27 @@ def _event(action, addr, size=0, *files):
 
 
 def test_the_peak_of_an_allocator_history_and_who_held_it():
-    """The peak counts allocations until their free completes (as max_memory_allocated does), never the
+    """The peak counts allocations until their free is requested (as max_memory_allocated does), never the
     memory held before; each is charged to the innermost frame outside torch and the harness."""
     torch_file, ours = torch.__file__, str(Path(profiling.__file__))
     trace = [
         _event("alloc", 1, 100, torch_file, "/m/ops/lce.py"),  # tk's chunk buffer
         _event("alloc", 2, 50, torch_file, ours, "/m/models/llama.py"),
-        _event("free_requested", 1),  # still counted: its free has not completed
-        _event("alloc", 3, 30, torch_file),  # torch's own (a workspace)
+        _event("alloc", 3, 30, torch_file),  # torch's own (a workspace): the peak, 180
+        _event("free_requested", 1),  # no longer counted, though its free completes later (another stream)
+        _event("alloc", 4, 60, "<frozen runpy>", "/m/ops/lce.py"),  # 140
         _event("free_completed", 1),
-        _event("free_completed", 99),  # allocated before the history began: ignored
-        _event("alloc", 4, 60, "<frozen runpy>", "/m/ops/lce.py"),
+        _event("free_requested", 99),  # allocated before the history began: ignored
         _event("segment_alloc", 5, 1000),
     ]
     peak, held = profiling.at_peak(trace)
     assert peak == 180 and [(h.size, h.where) for h in held] == [(100, "lce.py:7 fn"), (50, "llama.py:7 fn"), (30, "(torch)")]
+    later = trace[:4] + [_event("alloc", 4, 140, "/m/ops/lce.py")]  # a larger peak after the first free
+    assert [(h.size, h.where) for h in profiling.at_peak(later)[1]] == [(140, "lce.py:7 fn"), (50, "llama.py:7 fn"), (30, "(torch)")]
     page = profiling.peak_markdown("tk, bfloat16 4x2048: one call", (peak, held), top=2)
     assert "0.0 MB in 3 allocations" in page and "| `lce.py:7 fn` | 1 | 0.0 |" in page and "| (the rest) | 1 |" in page
+    assert "Incomplete" not in page and "Incomplete" in profiling.peak_markdown("t", (peak, held), cut=True)
+    assert profiling.at_peak([]) == (0, [])
 
 
 def test_profile_case_runs_each_variant_and_reports_progress(tmp_path, monkeypatch):
