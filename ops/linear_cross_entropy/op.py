@@ -18,9 +18,10 @@ The (N, V) logits are never held: the rows go in chunks (plan.py says how many r
 chunk the logits are computed into one reused buffer (a cuBLAS GEMM through torch, in x's dtype
 with float32 accumulation, as F.linear computes them), one Triton kernel reads each row twice (its
 max and sum online, then its gradient, written over the logits), and two more GEMMs turn the
-chunk's dz into its rows of grad_x and its share of grad_W, summed in float32.  The memory a call
-holds beyond its inputs and results is one chunk's logits, a float32 sum of grad_W for 16-bit
-weights over several chunks, and N floats of row losses.
+chunk's dz into its rows of grad_x and its share of grad_W, summed in grad_W itself (float32
+accumulation within each GEMM).  The memory a call holds beyond its inputs and results is one
+chunk's logits, N floats of row losses, and for a vocabulary that is not a whole number of 16-byte
+runs (GPT-2's 50257) a copy of the weight padded to one (plan.py: Tuning.pad_weight).
 
 For "mean" and "sum" the gradients are computed in the forward, for g_n = 1, and the backward
 multiplies them by the incoming gradient (a scalar): three GEMMs in all.  For "none" the gradient

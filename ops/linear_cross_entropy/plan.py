@@ -24,9 +24,12 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 * The row kernel.  One row a program, swept in chunks of the next power of two of V, at most
   ``max_block`` columns, ``per_thread`` elements a thread; rows of at most ``stacked_row`` columns
   are stacked into tiles of about ``row_tile`` elements.
-* The weight gradient's sum.  One chunk, or float32 / float64 weights: summed in the gradient
-  itself.  16-bit weights over several chunks: summed in float32 and rounded once at the end.  On a
-  GPU, eagerly, by a GEMM that adds into the float32 sum (``addmm(..., out_dtype=torch.float32)``);
+* The weight's padding.  A vocabulary whose rows are not a whole number of 16-byte runs: the GEMMs
+  read the weight padded with zero rows to the buffer's stride (``pad_weight``, from
+  ``pad_weight_min_rows`` rows: below, the copy costs more than the slow GEMMs it saves).
+* The weight gradient's sum.  Summed in the gradient itself, in the weight's dtype (one rounding a
+  chunk for 16-bit weights: measured as accurate, and faster).  With ``float32_weight_sum``, 16-bit
+  weights over several chunks are summed in float32 and rounded once at the end: on a GPU, eagerly, by a GEMM that adds into the float32 sum (``addmm(..., out_dtype=torch.float32)``);
   traced for Inductor, by a GEMM with a float32 output added to the sum (``mm(...,
   out_dtype=torch.float32)``): Inductor cannot lower addmm with out_dtype (torch 2.13:
   "tuned_addmm() takes 3 positional arguments but 4 were given").  In the interpreter, from
@@ -83,8 +86,12 @@ class Tuning:
     # logits whole.  Unpadded, the GEMMs' contiguous dimension (V, or V as K) is not a multiple of 8
     # elements, and cuBLAS on the H100 took its align-1 kernels (sm75 CUTLASS): 6.9 of the 7.5 ms of
     # 4095x768x50257's training step, where tk's unfused matmul took 4.5 (perf-notes version 48).
-    # The cost: one copy of the weight (V H s bytes, 77 MB for GPT-2) a call.
+    # The cost: one copy of the weight (V H s bytes, 77 MB for GPT-2) a call, 4 V H bytes of traffic
+    # against the align-1 kernels' extra time, about 2/3 of 6 N H V flops at 600 TFLOP/s: worth it
+    # from N of about 200 rows (bf16, an H100's 3 TB/s), hence from 512.  The interpreter pads from
+    # one row, so that the CPU tests run the padded GEMMs.
     pad_weight: bool = True
+    pad_weight_min_rows: ByKind = ByKind(cuda=512, cpu=1)
 
     # The row kernel: chunks of the next power of two of V, capped, `per_thread` elements a thread.
     # It reads each row twice and writes it once, as cross entropy's backward reads and writes once:
@@ -184,7 +191,7 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
         weight_grad=meta.weight_grad,
         bias_grad=meta.bias_grad,
         weight_sum=_weight_sum(meta, chunks, tuning),
-        pad_weight=tuning.pad_weight and stride != meta.vocab,
+        pad_weight=tuning.pad_weight and stride != meta.vocab and meta.n_rows >= tuning.pad_weight_min_rows.on(meta.facts),
     )
 
 
