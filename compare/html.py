@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import highlight, profiling, report
 from .formats import device_label, fmt_time
-from .record import CONFIGS, RESULTS, groups
+from .record import CONFIGS, RESULTS, groups, has_peak_memory
 
 HTML_NAME = "report.html"
 MAX_SOURCE_LINES = 400  # longer sources are linked, not inlined (a model's whole module)
@@ -373,7 +373,8 @@ def page(doc: dict, op_dir: Path) -> str:
     limits = [[cell.replace("**", "") for cell in row] for row in report._limit_rows(doc)] or [["none", "", ""]]
     out.append("<h2>Measured limits</h2>" + _table(["limit", "value", "how"], limits))
     out.append("<h2>Results</h2>" + _plot(op_dir))
-    out.append(_plot(op_dir, report.MEMORY_PNG_NAME, "each variant's time against its peak memory, a panel per case"))
+    if has_peak_memory(doc["records"]):  # (a memory.png left by an earlier run in the folder is not this run's)
+        out.append(_plot(op_dir, report.MEMORY_PNG_NAME, "each variant's time against its peak memory, a panel per case"))
     for dtype, label, recs in cases:
         out.append(_case(doc, op_dir, dtype, label, recs, index, profiles))
     out.append(_configs_block(doc, op_dir))

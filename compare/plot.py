@@ -89,11 +89,6 @@ def throughput(doc: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def has_memory(doc: dict) -> bool:
-    """Whether any variant has a peak-memory figure (CUDA runs; the CPU allocator keeps none)."""
-    return any(r.get("peak_bytes") is not None and r["median_ms"] is not None for r in doc["records"])
-
-
 def memory(doc: dict, path: Path, columns: int = 4) -> Path:
     """Time against peak memory, a panel per (dtype, shape), a labelled point per variant: the trade-off of
     designs that buy speed with memory (linear cross entropy's chunk sizes trace a curve)."""

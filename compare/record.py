@@ -350,6 +350,11 @@ def csv_cell(field: Field, value) -> str:
     return (field.csv or csv_text)(value)
 
 
+def has_peak_memory(records: list[dict]) -> bool:
+    """Whether any timed variant has a peak-memory figure (CUDA runs; the CPU allocator keeps none)."""
+    return any(r.get("peak_bytes") is not None and r["median_ms"] is not None for r in records)
+
+
 def groups(records: list[dict]) -> list[tuple[str, str, list[dict]]]:
     """(dtype, shape label, records) in sweep order; skipped peers are left out."""
     out: dict[tuple, list[dict]] = {}

@@ -13,7 +13,8 @@ from tabulate import tabulate
 
 from . import breakdown
 from .formats import device_label, fmt_bytes, fmt_time
-from .record import CONFIGS, RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups, titles
+from .record import (CONFIGS, RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups,
+                     has_peak_memory, titles)
 
 JSON_NAME, CSV_NAME, MD_NAME, PNG_NAME = "results.json", "results.csv", "report.md", "throughput.png"
 CONFIGS_PNG_NAME = "configs.png"
@@ -250,7 +251,7 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
 
     files = {"json": write_json(doc, folder), "csv": write_csv(doc, folder)}
     drawings = [("png", plot.throughput, PNG_NAME)]
-    if plot.has_memory(doc):
+    if has_peak_memory(doc["records"]):
         drawings.append(("memory_png", plot.memory, MEMORY_PNG_NAME))
     if doc.get("configs"):
         drawings.append(("configs_png", plot.configurations, CONFIGS_PNG_NAME))
