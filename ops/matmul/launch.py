@@ -6,6 +6,7 @@ the split-K workspace, lays out the kernels' arguments and launches.
 """
 
 import torch
+import torch.nn.functional as F
 
 from ..blocks.elementwise import elementwise_grid
 from ..blocks.sizes import cdiv
@@ -70,8 +71,17 @@ def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor) -> None:
     )
 
 
+def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
+    """t (rows x columns), any strides, copied into new rows `row_stride` elements apart: a view of the copy."""
+    return F.pad(t, (0, row_stride - t.shape[1]))[:, : t.shape[1]]
+
+
 def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
+    if plan.copy_a:
+        a = aligned_copy(a, plan.a_layout.leading_stride)
+    if plan.copy_b:
+        b = aligned_copy(b, plan.b_layout.leading_stride)
     args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
     flags["C_POINTERS"] = plan.c_pointers

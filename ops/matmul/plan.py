@@ -9,7 +9,8 @@ the plan tries them:
 * Split K (the pointer kernel with SPLIT_K > 1, then the slice sum): C has at
   most half as many tiles as the GPU has SMs.
 * TMA: 2-D float16 / bfloat16 on Hopper or newer, at least one large tile per
-  SM, operands a TMA descriptor can describe, and K not split; C stored through
+  SM, operands a TMA descriptor can describe (or copied into rows it can, on
+  problems large enough to pay for the copy), and K not split; C stored through
   pointers where its rows are not 16-byte aligned (an LM head's odd vocabulary).
 * POINTER: everything else (batches, float32, float64, strided operands,
   older GPUs).
@@ -92,6 +93,14 @@ class Tuning:
     # pointers elsewhere.  TMA_ALIGNMENT is the hardware's floor; the harness's tk-c-pointers variant raises it
     # to 128 (a cache line) to time the pointer store against TMA's on rows that are 16- but not 128-aligned.
     c_store_alignment: int = TMA_ALIGNMENT
+    # An operand no descriptor can describe (rows not 16-byte aligned: b (K, N) row-major with N odd, whose
+    # 8191x50257x768 ran the pointer kernel at 0.26x cuBLAS, perf-notes version 47) is copied into rows that
+    # are, and the TMA kernel reads the copy, where the GEMM's other side (M for b, N for a) is at least this.
+    # The copy of b moves 2 K N s bytes against 2 M N K flops: about s F / (BW M) of the kernel's time, 440 / M
+    # for 16-bit operands at 660 TFLOP/s over 3 TB/s (11% at 4096), where the TMA kernel ran 3x the pointer
+    # kernel's rate on LM heads.  The interpreter copies from its tile's size, so that CPU tests take it.
+    operand_copy_min: int = 4096
+    interpreter_operand_copy_min: int = 64
 
 
 TUNING = Tuning()
@@ -225,6 +234,8 @@ class Plan:
     b_layout: Layout | None = None
     programs: int = 0  # the persistent grid's programs at most: the SMs (or fewer, when there are fewer tiles)
     c_pointers: bool = False  # C's rows are not TMA_ALIGNMENT-aligned: stored through masked pointers
+    copy_a: bool = False  # the kernel reads a copy of a (b) whose rows are aligned (Tuning.operand_copy_min)
+    copy_b: bool = False
     store_halves: bool = False  # with a fixed tile; autotuned configs carry their own
     warp_specialize: bool = False
 
@@ -258,7 +269,7 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     split = split_k(meta, tuning)
     layouts = _tma_layouts(meta, split, tuning)
     if layouts is not None:
-        return tma_plan(meta, *layouts, tuning)
+        return tma_plan(meta, *layouts, tuning=tuning)
     return pointer_plan(meta, split, tuning)
 
 
@@ -298,9 +309,10 @@ def tma_layout(operand: Operand, element_size: int) -> Layout | None:
     return None
 
 
-def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout] | None:
-    """The layouts of a and b for the TMA kernel, or None where it does not apply:
-    no TMA descriptors, batches, split K, 32- and 64-bit operands, small problems."""
+def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout, bool, bool] | None:
+    """The layouts of a and b for the TMA kernel and whether each is read from an aligned copy, or None where
+    the kernel does not apply: no TMA descriptors, batches, split K, 32- and 64-bit operands, small problems,
+    an operand no descriptor describes on a problem too small to pay for its copy."""
     if split > 1 or len(meta.a.shape) != 2 or len(meta.b.shape) != 2:
         return None
     if meta.dtype not in (torch.float16, torch.bfloat16):
@@ -312,7 +324,13 @@ def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout
     if cdiv(meta.M, tile) * cdiv(meta.N, tile) < programs_at_once(meta.facts, tuning):
         return None
     layout_a, layout_b = tma_layout(meta.a, size), tma_layout(meta.b, size)
-    return None if layout_a is None or layout_b is None else (layout_a, layout_b)
+    floor = tuning.operand_copy_min if meta.facts.cuda else tuning.interpreter_operand_copy_min
+    copy_a, copy_b = layout_a is None and meta.N >= floor, layout_b is None and meta.M >= floor
+    if copy_a:  # a row-major copy, its rows padded to TMA_ALIGNMENT
+        layout_a = Layout(False, cdiv(meta.K * size, TMA_ALIGNMENT) * TMA_ALIGNMENT // size)
+    if copy_b:
+        layout_b = Layout(False, cdiv(meta.N * size, TMA_ALIGNMENT) * TMA_ALIGNMENT // size)
+    return None if layout_a is None or layout_b is None else (layout_a, layout_b, copy_a, copy_b)
 
 
 def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
@@ -342,9 +360,11 @@ def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
     return _plan(meta, POINTER, tuning, **launch)
 
 
-def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, tuning: Tuning = TUNING) -> Plan:
-    """The TMA kernel on a persistent grid of one program per SM."""
+def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, copy_a: bool = False, copy_b: bool = False,
+             tuning: Tuning = TUNING) -> Plan:  # fmt: skip
+    """The TMA kernel on a persistent grid of one program per SM (reading aligned copies of a or b where told)."""
     launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
+    launch.update(copy_a=copy_a, copy_b=copy_b)
     launch["c_pointers"] = (meta.N * meta.dtype.itemsize) % tuning.c_store_alignment != 0  # N: C's row stride
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
         launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)

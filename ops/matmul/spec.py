@@ -63,6 +63,9 @@ ROW_MAJOR = replace(TUNING, group_m=1)
 # C stored through pointers unless its rows are 128-byte aligned (Tuning.c_store_alignment): on N = 5000 (rows
 # 10000 bytes apart, 16- but not 128-aligned), is TMA's store or the pointer store faster?
 C_POINTERS_UNLESS_128 = replace(TUNING, c_store_alignment=128)
+# No aligned copy of an operand no descriptor describes (Tuning.operand_copy_min): the pointer kernel instead,
+# as before the copies (GPT-2's head with b (K, N) row-major, 8191x50257x768: 0.26x cuBLAS then).
+NO_OPERAND_COPIES = replace(TUNING, operand_copy_min=1 << 62, interpreter_operand_copy_min=1 << 62)
 
 
 def _planned(tuning: Tuning):
@@ -106,7 +109,8 @@ register_spec(
     OpSpec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
-        tk_plans={"tk-row-major": _planned(ROW_MAJOR), "tk-c-pointers": _planned(C_POINTERS_UNLESS_128)},
+        tk_plans={"tk-row-major": _planned(ROW_MAJOR), "tk-c-pointers": _planned(C_POINTERS_UNLESS_128),
+                  "tk-no-copies": _planned(NO_OPERAND_COPIES)},  # fmt: skip
         configs=_configs,
         reference=torch.matmul,
         make_inputs=_make_inputs,

@@ -185,12 +185,19 @@ def test_matmul_plans_for_an_h100():
     tokens, weight = (torch.empty(n, 768, device="meta", dtype=torch.bfloat16) for n in (8191, 50257))
     head = choose_plan(on(H100, tokens, weight.t()))
     assert (head.design, head.c_pointers, head.b_layout) == (TMA, True, Layout(True, 768))
-    # The same head with b (K, N) contiguous: b's rows are 2-byte aligned too, so no descriptor reads it.
-    assert choose_plan(on(H100, *meta_tensors(8191, 50257, 768))).design == POINTER
+    assert not (head.copy_a or head.copy_b)
+    # The same head with b (K, N) contiguous: b's rows are 2-byte aligned too, so no descriptor reads it as it
+    # is; 8191 rows of C pay for a copy of b with its rows padded to 50264 columns (Tuning.operand_copy_min).
+    copied = choose_plan(on(H100, *meta_tensors(8191, 50257, 768)))
+    assert (copied.design, copied.copy_a, copied.copy_b, copied.b_layout) == (TMA, False, True, Layout(False, 50264))
+    assert choose_plan(on(H100, *meta_tensors(2047, 50257, 768))).design == POINTER  # M too small to pay for it
+    assert choose_plan(on(H100, *meta_tensors(8191, 50257, 768)), Tuning(operand_copy_min=1 << 30)).design == POINTER
     assert plan(4096, 4096, 4096, dtype=torch.float32).design == POINTER  # 16-bit operands only
     assert plan(4096, 4096, 4096, batch=4).design == POINTER  # batches take the pointer kernel
-    assert plan(4096, 4096, 4096, address_aligned=False).design == POINTER  # storage from outside PyTorch
-    assert plan(4096, 4096, 4096, storage_offset=1).design == POINTER  # a view 2 bytes in
+    outside = plan(4096, 4096, 4096, address_aligned=False)  # storage from outside PyTorch: a is copied
+    assert (outside.design, outside.copy_a, outside.a_layout) == (TMA, True, Layout(False, 4096))
+    assert plan(2048, 2048, 2048, address_aligned=False).design == POINTER  # N = 2048: the copy would not pay
+    assert plan(2048, 2048, 2048, storage_offset=1).design == POINTER  # a view 2 bytes in
     a100 = DeviceFacts("cuda", sm_count=108, capability=(8, 0))
     assert plan(4096, 4096, 4096, facts=a100).design == POINTER  # no TMA unit before Hopper
     float32 = on(H100, *meta_tensors(256, 256, 256, dtype=torch.float32))
@@ -296,7 +303,11 @@ def test_matmul_tma_rule():
     assert layouts(describe(a, b)) is None  # the CPU has no TMA unit
     assert layouts(with_tma(a, b)) == (Layout(False, 96), Layout(False, 264))  # 15 tiles of 64x64 for 8 "SMs"
     assert layouts(with_tma(a.t().contiguous().t(), b.t().contiguous().t())) == (Layout(True, 136), Layout(True, 96))
-    assert layouts(with_tma(a[:130].t().contiguous().t(), b)) is None  # its columns would be 260 bytes apart
+    no_copies = Tuning(interpreter_operand_copy_min=1 << 30)
+    odd = a[:130].t().contiguous().t()  # its columns would be 260 bytes apart: no descriptor reads it as it is
+    assert choose_plan(with_tma(odd, b), no_copies).design != TMA
+    copied = choose_plan(with_tma(odd, b))  # N = 264 pays for a copy in the interpreter's scaled-down rule
+    assert (copied.a_layout, copied.copy_a, copied.copy_b) == (Layout(False, 96), True, False)
     assert layouts(with_tma(a[:100], b[:, :100])) is None  # 4 tiles: too few to fill the "SMs"
     assert layouts(with_tma(a, b[:, :260])) == (Layout(False, 96), Layout(False, 264))  # b's rows still 528 bytes apart
     assert choose_plan(with_tma(a, b[:, :260])).c_pointers  # C's 520: stored through pointers
@@ -340,6 +351,19 @@ def test_matmul_tma_kernel_stores_c_through_pointers_where_its_rows_are_misalign
         assert c.is_contiguous()
         assert_close(c, matmul_reference(a, b), dtype)
     assert [flags["C_POINTERS"] for kernel, flags in launches] == [True, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_tma_kernel_reads_aligned_copies_of_operands_no_descriptor_describes(launches, dtype):
+    """b (K, N) row-major with N odd (an LM head's weight stored (H, V)), and a a view 2 bytes in: each copied
+    into 16-byte aligned rows, read by the TMA kernel, C stored through pointers where N is odd."""
+    for M, N, K, shift in [(203, 517, 72, 0), (136, 264, 96, 1)]:
+        a = torch.randn(M, K + shift, dtype=dtype)[:, shift:]
+        b = torch.randn(K, N, dtype=dtype)
+        plan = choose_plan(with_tma(a, b))
+        assert plan.design == TMA and (plan.copy_a, plan.copy_b) == (shift == 1, N % 8 != 0), plan
+        assert_close(matmul_launch.run(plan, a, b), matmul_reference(a, b), dtype)
+    assert [flags["C_POINTERS"] for kernel, flags in launches] == [True, False]
 
 
 @pytest.mark.gpu
