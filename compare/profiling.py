@@ -198,7 +198,7 @@ def peak_markdown(title: str, found: tuple[int, list[Held]], top: int = 12, cut:
         rest = [s for _, sizes in rows[top:] for s in sizes]
         lines.append(f"| (the rest) | {len(rest)} | {sum(rest) / 1e6:,.1f} | {max(rest) / 1e6:,.1f} |")
     if cut:
-        lines += ["", f"**Incomplete:** the call made more than {HISTORY_ENTRIES:,} allocator events and the history"
+        lines += ["", f"**Incomplete:** the call made {HISTORY_ENTRIES:,} allocator events or more, and the history"
                   " kept the last ones only: allocations made before them are not counted."]  # fmt: skip
     lines += ["", "memory.pickle beside this page opens in pytorch.org/memory_viz (the allocator's whole history).", ""]
     return "\n".join(lines)

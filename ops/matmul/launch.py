@@ -72,8 +72,13 @@ def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor) -> None:
 
 
 def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
-    """t (rows x columns), any strides, copied into new rows `row_stride` elements apart: a view of the copy."""
-    return F.pad(t, (0, row_stride - t.shape[1]))[:, : t.shape[1]]
+    """t (rows x columns), any strides, copied into new row-major rows `row_stride` elements apart: a view of the
+    copy.  (F.pad pads into a new row-major tensor, but with nothing to pad it clones, keeping t's strides: a
+    column-major t would stay column-major.)"""
+    pad = row_stride - t.shape[1]
+    if pad == 0:
+        return t.clone(memory_format=torch.contiguous_format)
+    return F.pad(t, (0, pad))[:, : t.shape[1]]
 
 
 def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:

@@ -15,6 +15,7 @@ import triton.language as tl
 from reference import DEVICES, assert_close, leaf64, rel_error
 
 from ops.matmul import launch as matmul_launch
+from ops.matmul import plan as matmul_plan
 from ops.matmul.kernels import (
     CONFIGS,
     TMA_CONFIGS,
@@ -364,6 +365,27 @@ def test_the_tma_kernel_reads_aligned_copies_of_operands_no_descriptor_describes
         assert plan.design == TMA and (plan.copy_a, plan.copy_b) == (shift == 1, N % 8 != 0), plan
         assert_close(matmul_launch.run(plan, a, b), matmul_reference(a, b), dtype)
     assert [flags["C_POINTERS"] for kernel, flags in launches] == [True, False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_operand_copied_whole_comes_out_row_major(launches, monkeypatch, dtype):
+    """A column-major a whose columns are 260 bytes apart, with K = 96 already a whole number of 16-byte runs:
+    its copy needs no padding and must still be row-major, as the plan tells the kernel.  And the backward of
+    x @ W with W stored (K, N), N odd: grad_x = grad @ W.t() reads W.t() (column-major, 1034 bytes apart) from
+    such a copy."""
+    a = torch.randn(96, 130, dtype=dtype).t()  # (130, 96), strides (1, 130)
+    b = torch.randn(96, 264, dtype=dtype)
+    plan = choose_plan(with_tma(a, b))
+    assert plan.design == TMA and plan.copy_a and plan.a_layout == Layout(False, 96)
+    copy = matmul_launch.aligned_copy(a, 96)
+    assert copy.stride() == (96, 1) and torch.equal(copy, a)
+    assert_close(matmul_launch.run(plan, a, b), matmul_reference(a, b), dtype)
+    x, w, grad = torch.randn(264, 96, dtype=dtype), torch.randn(96, 517, dtype=dtype), torch.randn(264, 517, dtype=dtype)
+    monkeypatch.setattr(matmul_plan, "tma_available", lambda device: True)  # plan as a GPU with TMA would
+    grad_x, grad_w = backward(grad, x, w, True, True, tuning=Tuning(interpreter_operand_copy_min=1))
+    assert any(kernel is matmul_tma_kernel and flags["B_COLUMN_MAJOR"] is False for kernel, flags in launches)
+    assert_close(grad_x, matmul_reference(grad, w.t()), dtype)
+    assert_close(grad_w, matmul_reference(x.t(), grad), dtype)
 
 
 @pytest.mark.gpu
