@@ -427,6 +427,27 @@ def test_an_lm_head_with_an_odd_vocabulary_takes_the_tma_kernel_on_the_gpu(launc
     assert pointers and all(pointers), pointers
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_lm_head_stored_k_by_n_takes_the_tma_kernel_through_a_copy_on_the_gpu(launches, dtype):
+    """Hopper and newer: x @ W with W stored (H, V), V odd: no descriptor reads W's rows (2-byte aligned), so
+    with 4100 rows of C it is copied into aligned rows for the TMA kernel, eager and compiled.  Its backward's
+    products have a side of 768, too small to pay for copies: the pointer kernel, checked here too."""
+    if not tma_available(torch.device("cuda")):
+        pytest.skip("needs a GPU with TMA (Hopper or newer)")
+    x = torch.randn(4100, 768, device="cuda", dtype=dtype, requires_grad=True)
+    weight = torch.randn(768, 4001, device="cuda", dtype=dtype, requires_grad=True)
+    assert choose_plan(describe(x, weight)).copy_b
+    compiled = torch.compile(lambda x, w: torch.ops.tk.matmul(x, w), fullgraph=True)
+    for c in (torch.ops.tk.matmul(x, weight), compiled(x, weight)):
+        assert_close(c, matmul_reference(x.detach(), weight.detach()), dtype)
+    assert any(flags.get("C_POINTERS") for kernel, flags in launches), launches
+    grad = torch.randn(4100, 4001, device="cuda", dtype=dtype)
+    grad_x, grad_w = torch.autograd.grad(torch.ops.tk.matmul(x, weight), (x, weight), grad)
+    assert_close(grad_x, matmul_reference(grad, weight.detach().t()), dtype)
+    assert_close(grad_w, matmul_reference(x.detach().t(), grad), dtype)
+
+
 def test_matmul_entry_points_take_a_tuning(launches):
     """forward and backward with another tuning: here a smaller interpreter tile, which every launch takes."""
     small = Tuning(interpreter_tile=Tile(16, 32, 16))
