@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .report import write_atomic
+
 CALLS = 5  # calls per trace: enough to see the steady state, small enough to open in a browser
 TOP_ROWS = 15  # rows of key_averages kept for the report
 HISTORY_ENTRIES = 100_000  # allocator events kept for one call: a model's training step makes some ten thousand
@@ -85,22 +87,15 @@ def trace_variant(fn, args: tuple, device: torch.device, root: Path, variant: st
     rows = key_average_rows(prof, device, calls)
     about = {"variant": variant, "dtype": dtype, "shape_label": shape_label, "calls": calls,
              "device": device.type, "sorted_by": _sort_key(device), "rows": rows}  # fmt: skip
-    _write(folder / "key_averages.json", json.dumps(about, indent=1) + "\n")
+    write_atomic(folder / "key_averages.json", json.dumps(about, indent=1) + "\n")
     snapshot = memory_history(fn, args, device)
     if snapshot is not None:
         with open(folder / "memory.pickle", "wb") as f:
             pickle.dump(snapshot, f)
         title = f"{variant}, {dtype} {shape_label}: one call"
         trace = snapshot["device_traces"][_index(device)]
-        _write(folder / "memory.md", peak_markdown(title, at_peak(trace), cut=len(trace) >= HISTORY_ENTRIES))
+        write_atomic(folder / "memory.md", peak_markdown(title, at_peak(trace), cut=len(trace) >= HISTORY_ENTRIES))
     return folder
-
-
-def _write(path: Path, text: str) -> None:
-    """``text`` into ``path`` whole (a temporary file first)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _index(device: torch.device) -> int:

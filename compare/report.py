@@ -79,7 +79,8 @@ def _clean(value):
     return value
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` whole: a temporary file first, then renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -91,7 +92,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def write_json(doc: dict, folder: Path) -> Path:
     path = folder / JSON_NAME
-    _write_atomic(path, json.dumps(_clean(doc), indent=1, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(_clean(doc), indent=1, allow_nan=False) + "\n")
     return path
 
 
@@ -241,7 +242,7 @@ def _configs_lines(doc: dict, png_name: str | None) -> list[str]:
 def write_markdown(doc: dict, folder: Path, png_name: str | None, configs_png: str | None = None,
                    memory_png: str | None = None) -> Path:  # fmt: skip
     path = folder / MD_NAME
-    _write_atomic(path, markdown(doc, png_name, folder, configs_png, memory_png))
+    write_atomic(path, markdown(doc, png_name, folder, configs_png, memory_png))
     return path
 
 
