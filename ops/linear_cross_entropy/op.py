@@ -57,6 +57,7 @@ from ..runtime import (
     check_tensor,
     device_facts,
     follow_autocast,
+    is_traced,
     launching_directly,
     register_op,
 )
@@ -139,7 +140,8 @@ def forward(
     """tk.linear_cross_entropy_forward planned with `tuning`: (loss, grad_x, grad_weight, grad_bias)
     of x (N, H), for an incoming gradient of 1.  x_grad, weight_grad, bias_grad: which gradients to
     compute ("mean" and "sum" only; "none" computes its gradients in the backward); the others are
-    empty tensors."""
+    empty tensors.  The op's backward scales these gradients in place when autograd frees the graph
+    after it (op.py: _scaled): a caller who keeps them past that sees them scaled."""
     op = "linear_cross_entropy_forward"
     check_inputs(op, x, weight, target, bias, x_ndims=(2,))
     check_options(op, reduction, label_smoothing)
@@ -242,6 +244,9 @@ def _save(ctx, inputs, output) -> None:
     x, weight, target, bias, ignore_index, reduction, label_smoothing, x_grad, weight_grad, bias_grad = inputs
     _, grad_x, grad_weight, grad_bias = output
     ctx.reduction, ctx.computed = reduction, (x_grad, weight_grad, bias_grad)
+    # The by-products get no gradient: autograd's default would hand the backward zeros the size of
+    # each, the weight's gradient among them (525 MB at Llama 3's LM head in bf16, memory.md).
+    ctx.set_materialize_grads(False)
     if reduction == "none":
         ctx.save_for_backward(x, weight, target, bias)
         ctx.options = (ignore_index, label_smoothing)
@@ -250,9 +255,11 @@ def _save(ctx, inputs, output) -> None:
 
 
 def _gradients(ctx, grad_loss, backward_none) -> tuple:
-    """The gradients of (x, weight, target, bias): the stored ones times the incoming scalar, or
-    ("none") `backward_none(grad, x, weight, target, bias, ignore_index, label_smoothing, x_grad,
-    weight_grad, bias_grad)`."""
+    """The gradients of (x, weight, target, bias): the stored ones times the incoming scalar
+    (`_scaled`), or ("none") `backward_none(grad, x, weight, target, bias, ignore_index,
+    label_smoothing, x_grad, weight_grad, bias_grad)`."""
+    if grad_loss is None:  # grads are not materialized (_save): no gradient reached the loss
+        return None, None, None, None
     needs = [ctx.needs_input_grad[i] for i in (_X, _WEIGHT, _BIAS)]
     if ctx.reduction == "none":
         x, weight, target, bias = ctx.saved_tensors
@@ -264,9 +271,27 @@ def _gradients(ctx, grad_loss, backward_none) -> tuple:
                     f"tk.linear_cross_entropy_forward: {name} needs a gradient, but the forward was called with "
                     f"{name}_grad=False; call tk.linear_cross_entropy, which asks for the gradients its inputs need"
                 )
-        grads = [g * grad_loss if need else None for g, need in zip(ctx.saved_tensors, needs)]
+        grads = _scaled([g if need else None for g, need in zip(ctx.saved_tensors, needs)], grad_loss)
     grad_x, grad_weight, grad_bias = (g if need else None for g, need in zip(grads, needs))
     return grad_x, grad_weight, None, grad_bias
+
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+
+
+def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
+    """The stored gradients (None: not needed) times the incoming scalar.
+
+    In place where nothing can read them again: an eager backward after which autograd frees the
+    graph (no retain_graph).  The gradient returned is then the buffer the forward wrote, which
+    autograd makes the parameter's .grad as it is, so a training step holds the weight's gradient
+    once, not twice (V x H elements: 525 MB at Llama 3's LM head in bf16, perf-notes version 49).
+    Out of place otherwise: a retained graph reads them again (gradcheck does), and a traced backward
+    leaves the reuse of a dead buffer to Inductor.  The forward op's caller who kept its by-products
+    sees them scaled, as the forward op's docstring says."""
+    if _keep_graph() or is_traced([*stored, grad_loss]):
+        return [None if g is None else g * grad_loss for g in stored]
+    return [None if g is None else g.mul_(grad_loss) for g in stored]
 
 
 def _setup_context(ctx, inputs, output):

@@ -10,7 +10,8 @@ An op file reaches the runtime through this surface only:
 * ``launcher(kernel, like)[grid](...)``: every launch (launcher.py), and ``launching_directly()``
   (direct.py): whether this call is eager, which decides nothing but how a kernel may be launched;
   ``run_direct(body, args, kwargs)`` runs a body as an eager call of its op does (a spec's call of an
-  entry point with another tuning, launched as the registered op launches);
+  entry point with another tuning, launched as the registered op launches); ``is_traced(args)``:
+  whether anything but eager PyTorch sees a call (registry.py);
 * the argument checks (checks.py) and the facts about a device (device.py).
 
 Below it, and private to it: the fast launch of eager CUDA calls (launch.py), the
@@ -46,12 +47,12 @@ from .direct import launching_directly, run_direct
 from .formula import GRAD, RESULT, dtype_of, needs_grad, register_formula
 from .launcher import launcher
 from .library import NAMESPACE, NATIVE_CUDA
-from .registry import register_op
+from .registry import is_traced, register_op
 
 __all__ = [
     "ByKind", "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
     "autocast_key", "check_same", "check_tensor", "cuda_capability", "device_facts", "dtype_of", "follow_autocast", "is_dense",
-    "is_fake", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "reads_as_float32", "register_formula",
+    "is_fake", "is_traced", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "reads_as_float32", "register_formula",
     "register_op", "resident_programs_per_sm", "result_dtype", "run_direct", "set_scratch_allocator", "sm_count",
     "tma_available",
 ]  # fmt: skip

@@ -182,6 +182,13 @@ def _first_device_type(args) -> str | None:
 _PLAIN, _GRAD, _TRACED = "plain", "grad", "traced"
 
 
+def is_traced(args) -> bool:
+    """True if anything but eager PyTorch sees these arguments: torch.compile's tracing, a dispatch
+    mode, a torch.func transform, or a tensor subclass (fake, functional, DTensor).  Code that may
+    reuse a buffer in place asks this first: a trace keeps the reuse to itself."""
+    return _eager_route(args) is _TRACED
+
+
 def _eager_route(args) -> str:
     """How an eager call runs: ``_PLAIN`` (the body, no autograd), ``_GRAD``
     (an input needs a gradient) or ``_TRACED`` (torch.library's own path)."""
