@@ -60,6 +60,7 @@ from ..runtime import (
     is_traced,
     launching_directly,
     register_op,
+    run_direct,
 )
 from . import vocab_parallel
 from .launch import run
@@ -378,7 +379,7 @@ class _TunedLinearCrossEntropy(torch.autograd.Function):
         needs = ctx.needs_input_grad
         wanted = (needs[_X], needs[_WEIGHT], bias is not None and needs[_BIAS])
         inputs = (x, weight, target, bias, ignore_index, reduction, label_smoothing, *wanted)
-        output = forward(*inputs, tuning=tuning)
+        output = run_direct(forward, inputs, {"tuning": tuning})  # launched as the registered op's eager calls
         _save(ctx, inputs, output)
         ctx.tuning = tuning
         return output[0]
@@ -386,6 +387,6 @@ class _TunedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         def backward_none(*args):
-            return backward(*args, tuning=ctx.tuning)
+            return run_direct(backward, args, {"tuning": ctx.tuning})
 
         return *_gradients(ctx, grad_loss, backward_none), None, None, None, None
