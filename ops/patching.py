@@ -8,7 +8,8 @@ What it swaps, each kind on by default and off by its keyword:
 
 * ``norm``: RMS norms (Llama's form, ``weight * x_hat``, and Gemma's, ``(1 + weight) * x_hat``) and
   ``torch.nn.LayerNorm`` -> tk.rms_norm, tk.layer_norm;
-* ``mlp``: gated MLPs (``down(act(gate(x)) * up(x))``) -> tk.swiglu or tk.geglu for the gate;
+* ``mlp``: gated MLPs (``down(act(gate(x)) * up(x))``) -> tk.swiglu or tk.geglu for the gate, whose
+  product the backward computes again instead of holding it (ops.nn.gated_down);
 * ``gelu``: GELU activations on their own (GPT-2's) -> tk.gelu;
 * ``rope``: attention modules that call ``apply_rotary_pos_emb`` -> tk.rope;
 * ``loss``: causal language models' loss from labels -> tk.linear_cross_entropy, which never holds the
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .nn import gated
+from .nn import gated_down
 
 KINDS = ("norm", "mlp", "gelu", "rope", "loss")
 
@@ -191,7 +192,7 @@ def _layer_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _gated_mlp_forward(activation: str):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gated(self.gate_proj(x), self.up_proj(x), activation))
+        return gated_down(self.gate_proj(x), self.up_proj(x), self.down_proj, activation)
 
     return forward
 

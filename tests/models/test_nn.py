@@ -1,5 +1,7 @@
 """ops.nn: each module against the PyTorch module or formula it stands in for, values and gradients."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,6 +59,89 @@ def test_gated_mlp_is_down_of_act_gate_times_up(activation, reference):
     assert set(mlp.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
     with pytest.raises(ValueError, match="activation must be one of"):
         ops.nn.GatedMLP(4, 8, "relu")
+
+
+def _reference_mlp(mlp: ops.nn.GatedMLP, reference) -> torch.nn.Module:
+    """A copy of mlp in float64 whose forward is PyTorch's ops: down(act(gate(x)) * up(x))."""
+    ref = copy.deepcopy(mlp).double()
+    ref.forward = lambda x: ref.down_proj(reference(ref.gate_proj(x)) * ref.up_proj(x))
+    return ref
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "activation, reference",
+    [("silu", F.silu), ("gelu", F.gelu), ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"))],
+)
+def test_gated_mlp_gradients_match_float64(activation, reference, bias):
+    """Every parameter's gradient and x's, against the same MLP in float64 (the down projection's
+    weight gradient comes from the product computed again in the backward)."""
+    torch.manual_seed(0)
+    mlp = ops.nn.GatedMLP(12, 20, activation, bias=bias)
+    ref = _reference_mlp(mlp, reference)
+    x = torch.randn(2, 3, 12).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    grad = torch.randn(2, 3, 12)
+    mlp(x).backward(grad)
+    ref(x64).backward(grad.double())
+    assert_close(x.grad, x64.grad, torch.float32)
+    for (name, p), (_, p64) in zip(mlp.named_parameters(), ref.named_parameters()):
+        assert p.grad is not None, name
+        assert_close(p.grad, p64.grad.float(), torch.float32)
+
+
+def _saved_storages(fn, *inputs) -> dict[tuple, int]:
+    """shape -> how many distinct storages autograd holds for the backward of fn(*inputs)."""
+    saved: dict[tuple, set] = {}
+
+    def pack(t):
+        saved.setdefault(tuple(t.shape), set()).add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return {shape: len(ptrs) for shape, ptrs in saved.items()}
+
+
+def test_gated_mlp_holds_gate_and_up_but_not_their_product():
+    """The product act(gate) * up is the layer's largest activation: the backward computes it again."""
+    mlp = ops.nn.GatedMLP(12, 20)
+    x = torch.randn(5, 12, requires_grad=True)
+    assert _saved_storages(mlp, x)[(5, 20)] == 2  # gate and up (the product would be a third)
+
+
+def test_gated_mlp_under_autocast_gives_float32_parameters_float32_gradients():
+    torch.manual_seed(0)
+    mlp = ops.nn.GatedMLP(16, 24, bias=True)
+    ref = _reference_mlp(mlp, F.silu).float()
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, y_ref = mlp(x), ref(x)
+        y.float().sum().backward(), y_ref.float().sum().backward()
+    assert y.dtype == torch.bfloat16
+    for (name, p), (_, p_ref) in zip(mlp.named_parameters(), ref.named_parameters()):
+        assert p.grad.dtype == torch.float32, name
+        assert_close(p.grad.bfloat16(), p_ref.grad.bfloat16(), torch.bfloat16)  # both computed in bf16
+
+
+def test_gated_mlp_calls_a_down_projection_that_is_not_a_plain_linear():
+    """A LoRA wrapper or a hooked linear is called as it is: what it adds is not skipped."""
+    torch.manual_seed(0)
+    mlp = ops.nn.GatedMLP(8, 16)
+    x = torch.randn(3, 8)
+    plain = mlp(x)
+    handle = mlp.down_proj.register_forward_hook(lambda module, args, out: out + 1)
+    assert_close(mlp(x), plain + 1, torch.float32)
+    handle.remove()
+
+    class Adapted(torch.nn.Linear):
+        def forward(self, h):
+            return super().forward(h) * 2
+
+    adapted = Adapted(16, 8, bias=False)
+    adapted.load_state_dict(mlp.down_proj.state_dict())
+    mlp.down_proj = adapted
+    assert_close(mlp(x), 2 * plain, torch.float32)
 
 
 def test_cross_entropy_loss_over_leading_dims_with_ignored_targets():
