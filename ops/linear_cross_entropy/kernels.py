@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ..blocks.alignment import known_multiple
+from ..blocks.elementwise import block_offsets, in_whole_block, to_compute_dtype, whole_blocks_end
 from ..blocks.fastmath import exp, finite_or_zero
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -202,3 +203,23 @@ def vocab_shard_gradient_kernel(
         row_ptrs, row_stride, n_cols, exists, (~ignored)[:, None], lse, scale, target - vocab_start,
         smoothing / vocab, 1.0 - smoothing, BLOCK_SIZE,
     )  # fmt: skip
+
+
+@triton.jit
+def _scale_block(x_ptr, scale, offsets, mask):
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(x_ptr + offsets, (to_compute_dtype(x) * scale).to(x.dtype), mask=mask)
+
+
+@triton.jit
+def scale_in_place_kernel(x_ptr, scale_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    """x *= scale for x dense (n_elements) and scale a one-element tensor on the device: the
+    backward's incoming gradient, read here rather than on the host, where reading it would wait for
+    the GPU.  Computed in float32 (float64 for float64) and rounded once, as torch's mul_ does; torch's
+    own mul_ by a 0-dim CUDA tensor takes its strided path, a third of the bandwidth (perf-notes v49)."""
+    scale = to_compute_dtype(tl.load(scale_ptr))
+    offsets = block_offsets(BLOCK_SIZE)
+    if in_whole_block(n_elements, BLOCK_SIZE):
+        _scale_block(x_ptr, scale, offsets, offsets < whole_blocks_end(n_elements, BLOCK_SIZE))
+    else:
+        _scale_block(x_ptr, scale, offsets, offsets < n_elements)

@@ -10,9 +10,10 @@ says, and decides nothing.
 import torch
 import torch.nn.functional as F
 
+from ..blocks.elementwise import elementwise_config, elementwise_grid
 from ..blocks.sizes import cdiv
 from ..runtime import launcher
-from .kernels import linear_cross_entropy_kernel
+from .kernels import linear_cross_entropy_kernel, scale_in_place_kernel
 from .plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, Plan
 
 
@@ -149,3 +150,14 @@ def _reduce(plan: Plan, row_loss: torch.Tensor, kept_count: torch.Tensor | None)
         return row_loss
     total = row_loss.sum()
     return total / kept_count if plan.reduction == "mean" else total
+
+
+def scale_in_place(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """t *= scale, for a one-element `scale` on t's device, without reading it on the host; t."""
+    if not t.is_contiguous():
+        return t.mul_(scale)
+    n = t.numel()
+    if n:
+        block, warps = elementwise_config(n, t.device)
+        launcher(scale_in_place_kernel, t)[elementwise_grid(n, block)](t, scale, n, BLOCK_SIZE=block, num_warps=warps)
+    return t

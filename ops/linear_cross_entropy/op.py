@@ -63,7 +63,7 @@ from ..runtime import (
     run_direct,
 )
 from . import vocab_parallel
-from .launch import run
+from .launch import run, scale_in_place
 from .plan import TUNING, Meta, Tuning, choose_plan
 
 # --------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
     sees them scaled, as the forward op's docstring says."""
     if _keep_graph() or is_traced([*stored, grad_loss]):
         return [None if g is None else g * grad_loss for g in stored]
-    return [None if g is None else g.mul_(grad_loss) for g in stored]
+    return [None if g is None else scale_in_place(g, grad_loss) for g in stored]
 
 
 def _setup_context(ctx, inputs, output):

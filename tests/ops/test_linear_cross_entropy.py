@@ -823,3 +823,23 @@ def test_the_kernel_gets_the_padded_rows_it_addresses(monkeypatch):
     for numel, n_rows, n_cols, row_stride in seen:
         assert (n_cols, row_stride) == (7, 8)
         assert numel >= n_rows * row_stride, (numel, n_rows, row_stride)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_in_place_against_float64(device, dtype):
+    """The backward's scaling kernel: whole blocks and a ragged tail, each dtype, rounded once; an
+    empty tensor, and a non-contiguous one (scaled by torch instead)."""
+    from ops.linear_cross_entropy.launch import scale_in_place
+
+    scale = torch.tensor(-2.7, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+    for n in (1, 1000 + 7, pick(device, 5000, 3 * 2**20 + 5)):
+        t = torch.randn(n, device=device).to(dtype)
+        torchs, want = t * scale, t.double() * scale.double()
+        assert scale_in_place(t, scale) is t
+        check(f"n={n}", t, want, dtype)
+        assert torch.equal(t, torchs), f"n={n}: not torch's rounding"
+    assert scale_in_place(torch.empty(0, dtype=dtype, device=device), scale).numel() == 0
+    strided = torch.randn(40, 30, device=device).to(dtype).t()
+    want = strided.double() * scale.double()
+    check("transposed", scale_in_place(strided, scale), want, dtype)
