@@ -292,7 +292,8 @@ def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
     sees them scaled, as the forward op's docstring says."""
     if _keep_graph() or is_traced([*stored, grad_loss]):
         return [None if g is None else g * grad_loss for g in stored]
-    return [None if g is None else scale_in_place(g, grad_loss) for g in stored]
+    # Eager by the test above, so launched directly: wrap_triton's eager dispatch costs host time a launch.
+    return [None if g is None else run_direct(scale_in_place, (g, grad_loss), {}) for g in stored]
 
 
 def _setup_context(ctx, inputs, output):

@@ -363,6 +363,25 @@ def test_the_backward_returns_the_stored_gradients_scaled_in_place(device):
         check(name, g, w, torch.float32)
 
 
+def test_the_backward_launches_its_scaling_directly(monkeypatch):
+    """The in-place scaling runs eagerly by construction: its kernel is launched directly, as the op's
+    own eager calls are, not through wrap_triton's dispatch (host time on every step)."""
+    import ops.linear_cross_entropy.op as op_module
+
+    seen = []
+
+    def recording(t, scale):
+        seen.append(op_module.launching_directly())
+        return scale_in_place(t, scale)
+
+    scale_in_place = op_module.scale_in_place
+    monkeypatch.setattr(op_module, "scale_in_place", recording)
+    x, weight, target, _ = make_case(9, 8, 20, "cpu", torch.float32)
+    leaves = _leaves(x, weight)
+    tk.linear_cross_entropy(*leaves, target).backward()
+    assert seen == [True, True]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_retained_graph_keeps_its_stored_gradients(device):
     """backward(retain_graph=True) then backward again: each pass scales the stored gradients afresh
