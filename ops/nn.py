@@ -106,19 +106,37 @@ def gated_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module, activation
     elementwise pass, for the down projection's weight gradient.  That product is the largest
     tensor of a layer (tokens x intermediate: 235 MB a layer for Llama 3 8B's MLP at 8192 tokens in
     bf16); perf-notes version 49 measures the trade.  Any other ``down`` (a LoRA wrapper, a
-    quantized linear, a module with hooks) is called as it is."""
-    plain = type(down) is nn.Linear and not (down._forward_hooks or down._forward_pre_hooks or down._backward_hooks)
-    if not plain:
+    quantized linear, a module with hooks or with its forward replaced, as accelerate's offloading
+    does) is called as it is, and so is a call autocast would cast differently from the product."""
+    operands = _fused_operands(gate, up, down)
+    if operands is None:
         return down(gated(gate, up, activation))
+    return _GatedDown.apply(gate, up, *operands, activation)
+
+
+def _fused_operands(gate: torch.Tensor, up: torch.Tensor, down: nn.Module):
+    """(weight, bias) as F.linear would multiply the product by them, or None where `down` must be
+    called as it is.  Under autocast, F.linear casts them (a float64 weight excepted): the cast is
+    made here, outside the Function, where autograd sees it."""
+    if not _plain_linear(down) or gate.dtype != up.dtype:
+        return None
     weight, bias = down.weight, down.bias
-    dtype = _autocast_dtype(gate.device.type)
-    if dtype is not None:  # autocast's cast of F.linear's parameters, outside the Function: autograd sees it
+    device = gate.device.type
+    if torch.is_autocast_enabled(device) and weight.dtype != torch.float64:
+        dtype = torch.get_autocast_dtype(device)
         weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-    return _GatedDown.apply(gate, up, weight, bias, activation)
+    return (weight, bias) if gate.dtype == weight.dtype else None  # else F.linear's own cast (or error)
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _plain_linear(down: nn.Module) -> bool:
+    """An nn.Linear whose call is F.linear and nothing else: no hook of its own or global, its forward not replaced."""
+    if type(down) is not nn.Linear or "forward" in down.__dict__ or any(getattr(down, h) for h in _MODULE_HOOKS):
+        return False
+    module = nn.modules.module
+    return not any(getattr(module, f"_global{h}") for h in _MODULE_HOOKS)
 
 
 class _GatedDown(torch.autograd.Function):

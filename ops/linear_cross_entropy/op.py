@@ -287,10 +287,11 @@ def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
     graph (no retain_graph).  The gradient returned is then the buffer the forward wrote, which
     autograd makes the parameter's .grad as it is, so a training step holds the weight's gradient
     once, not twice (V x H elements: 525 MB at Llama 3's LM head in bf16, perf-notes version 49).
-    Out of place otherwise: a retained graph reads them again (gradcheck does), and a traced backward
-    leaves the reuse of a dead buffer to Inductor.  The forward op's caller who kept its by-products
-    sees them scaled, as the forward op's docstring says."""
-    if _keep_graph() or is_traced([*stored, grad_loss]):
+    Out of place otherwise: a retained graph reads them again (gradcheck does), create_graph=True
+    records the product (grad mode is on in such a backward), and a traced backward leaves the reuse
+    of a dead buffer to Inductor.  The forward op's caller who kept its by-products sees them scaled,
+    as the forward op's docstring says."""
+    if _keep_graph() or torch.is_grad_enabled() or is_traced([*stored, grad_loss]):
         return [None if g is None else g * grad_loss for g in stored]
     # Eager by the test above, so launched directly: wrap_triton's eager dispatch costs host time a launch.
     return [None if g is None else run_direct(scale_in_place, (g, grad_loss), {}) for g in stored]

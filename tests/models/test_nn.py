@@ -110,18 +110,38 @@ def test_gated_mlp_holds_gate_and_up_but_not_their_product():
     assert _saved_storages(mlp, x)[(5, 20)] == 2  # gate and up (the product would be a third)
 
 
-def test_gated_mlp_under_autocast_gives_float32_parameters_float32_gradients():
+def test_gated_mlp_under_autocast_matches_the_same_mlp_in_pytorchs_ops():
+    """bf16 autocast over float32 parameters, the backward outside it (as a training loop runs it): the
+    same values and parameter gradients as PyTorch's ops under the same autocast."""
     torch.manual_seed(0)
     mlp = ops.nn.GatedMLP(16, 24, bias=True)
     ref = _reference_mlp(mlp, F.silu).float()
     x = torch.randn(4, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, y_ref = mlp(x), ref(x)
-        y.float().sum().backward(), y_ref.float().sum().backward()
     assert y.dtype == torch.bfloat16
+    assert_close(y, y_ref, torch.bfloat16)
+    y.float().sum().backward(), y_ref.float().sum().backward()
     for (name, p), (_, p_ref) in zip(mlp.named_parameters(), ref.named_parameters()):
-        assert p.grad.dtype == torch.float32, name
         assert_close(p.grad.bfloat16(), p_ref.grad.bfloat16(), torch.bfloat16)  # both computed in bf16
+
+
+@pytest.mark.parametrize("case", ["float32 product", "float64 model"])
+def test_gated_down_under_autocast_where_the_product_is_not_in_its_dtype(case):
+    """A product autocast would cast (float32 under bf16 autocast) or a float64 model, which autocast
+    leaves alone: the down projection is called as PyTorch would, with the same gradients."""
+    torch.manual_seed(0)
+    dtype = torch.float64 if case == "float64 model" else torch.float32
+    down = torch.nn.Linear(24, 16, dtype=dtype)
+    gate, up = (torch.randn(4, 24, dtype=dtype, requires_grad=True) for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.nn.gated_down(gate, up, down, "silu")
+        y_ref = down(F.silu(gate) * up)
+    assert y.dtype == y_ref.dtype
+    got = torch.autograd.grad(y.float().sum(), (gate, up, down.weight))
+    want = torch.autograd.grad(y_ref.float().sum(), (gate, up, down.weight))
+    for g, w in zip(got, want):
+        assert_close(g, w, g.dtype, scale=1 if dtype == torch.float64 else 4)
 
 
 def test_gated_mlp_calls_a_down_projection_that_is_not_a_plain_linear():
@@ -132,6 +152,20 @@ def test_gated_mlp_calls_a_down_projection_that_is_not_a_plain_linear():
     plain = mlp(x)
     handle = mlp.down_proj.register_forward_hook(lambda module, args, out: out + 1)
     assert_close(mlp(x), plain + 1, torch.float32)
+    handle.remove()
+
+    mlp.down_proj.forward = lambda h, original=mlp.down_proj.forward: original(h) * 3  # as accelerate's hooks do
+    assert_close(mlp(x), 3 * plain, torch.float32)
+    del mlp.down_proj.forward
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: out + 1 if module is mlp.down_proj else out
+    )
+    assert_close(mlp(x), plain + 1, torch.float32)
+    handle.remove()
+    called = []
+    handle = mlp.down_proj.register_full_backward_pre_hook(lambda module, grad: called.append(True))
+    mlp(x.requires_grad_()).sum().backward()
+    assert called
     handle.remove()
 
     class Adapted(torch.nn.Linear):

@@ -396,6 +396,21 @@ def test_a_retained_graph_keeps_its_stored_gradients(device):
         check(name, leaf.grad, w, torch.float32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_create_graph_records_the_scaling(device):
+    """create_graph=True without retain_graph: the gradients stay functions of the incoming one, so
+    d(sum grad_x)/ds for the loss s * L is sum grad_x of L (against float64)."""
+    x, weight, target, _ = make_case(37, 16, 30, device, torch.float32)
+    leaves = _leaves(x, weight)
+    s = torch.tensor(1.5, device=device, requires_grad=True)
+    loss = s * tk.linear_cross_entropy(*leaves, target)
+    (grad_x,) = torch.autograd.grad(loss, leaves[0], create_graph=True, retain_graph=False)
+    assert grad_x.grad_fn is not None
+    (d_s,) = torch.autograd.grad(grad_x.sum(), s)
+    _, (want, _) = reference(x, weight, target, None, torch.tensor(1.0, device=device), reduction="mean")
+    check("d(sum grad_x)/ds", d_s.reshape(1), want.sum().reshape(1), torch.float32)
+
+
 class _Allocations(TorchDispatchMode):
     """The shapes of the tensors each aten op creates."""
 
