@@ -632,3 +632,20 @@ def test_the_autotuners_choice_is_kept_for_the_next_process(tmp_path):
     assert "Triton autotuning for function matmul_kernel" in first, first
     assert "Triton autotuning for function" not in second, second
     assert first.splitlines()[-1] == second.splitlines()[-1]  # the same config, swept or read from disk
+
+
+def test_the_tma_autotuner_times_each_distinct_kernel_once():
+    """With C stored through pointers, STORE_HALVES changes nothing: of two configs that differ only
+    there the autotuner keeps one; with C stored by TMA every config is a kernel of its own."""
+    from ops.matmul.kernels import TMA_CONFIGS, distinct_kernels, matmul_tma_kernel_autotuned
+
+    assert matmul_tma_kernel_autotuned.early_config_prune is distinct_kernels
+    assert distinct_kernels(TMA_CONFIGS, {}, C_POINTERS=False) == TMA_CONFIGS
+    kept = distinct_kernels(TMA_CONFIGS, {}, C_POINTERS=True)
+    dropped = [c for c in TMA_CONFIGS if c not in kept]
+
+    def without_halves(c):
+        return ({k: v for k, v in c.kwargs.items() if k != "STORE_HALVES"}, c.num_warps, c.num_stages)
+
+    assert len(dropped) == 1 and without_halves(dropped[0]) in [without_halves(c) for c in kept]
+    assert len({str(without_halves(c)) for c in kept}) == len(kept)
