@@ -256,6 +256,8 @@ def write_all(doc: dict, folder: Path) -> dict[str, Path]:
         drawings.append(("memory_png", plot.memory, MEMORY_PNG_NAME))
     if doc.get("configs"):
         drawings.append(("configs_png", plot.configurations, CONFIGS_PNG_NAME))
+    for name in (PNG_NAME, MEMORY_PNG_NAME, CONFIGS_PNG_NAME):  # an earlier run's plot is not this run's
+        (folder / name).unlink(missing_ok=True)  # (report.html embeds the plots it finds in the folder)
     for key, draw, name in drawings:
         try:
             files[key] = draw(doc, folder / name)

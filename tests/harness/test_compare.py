@@ -484,6 +484,25 @@ def test_time_against_peak_memory_is_drawn_where_peak_memory_was_measured(all_op
     assert "![time against peak memory](memory.png)" in (tmp_path / "report.md").read_text()
 
 
+def test_a_plot_not_drawn_leaves_no_earlier_runs_plot_in_the_folder(all_ops_run, tmp_path, monkeypatch):
+    """The pages of a folder are this run's: a throughput plot that fails to draw leaves no earlier
+    run's throughput.png behind for report.md or report.html to show."""
+    from compare import html, plot
+
+    doc = load(all_ops_run, "gelu")
+    report.write_all(doc, tmp_path)
+    assert (tmp_path / "throughput.png").is_file()
+
+    def fails(doc, path):
+        raise ValueError("no axis")
+
+    monkeypatch.setattr(plot, "throughput", fails)
+    files = report.write_all(doc, tmp_path)
+    assert "png" not in files and not (tmp_path / "throughput.png").exists()
+    assert "plot throughput.png not drawn: ValueError: no axis" in doc["notes"]
+    assert "data:image/png" not in html.write(doc, tmp_path).read_text()
+
+
 def test_plot_axis_keeps_shapes_of_equal_size_apart():
     from compare.plot import _x_axis
 
