@@ -215,8 +215,9 @@ def _scale_block(x_ptr, scale, offsets, mask):
 def scale_in_place_kernel(x_ptr, scale_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     """x *= scale for x dense (n_elements) and scale a one-element tensor on the device: the
     backward's incoming gradient, read here rather than on the host, where reading it would wait for
-    the GPU.  Computed in float32 (float64 for float64) and rounded once, as torch's mul_ does; torch's
-    own mul_ by a 0-dim CUDA tensor takes its strided path, a third of the bandwidth (perf-notes v49)."""
+    the GPU.  The product in float32 (float64 for float64), rounded once.  torch's own mul_ by a 0-dim
+    CUDA tensor rounds the scale to x's dtype first, and takes its strided path, a third of the
+    bandwidth (perf-notes v49)."""
     scale = to_compute_dtype(tl.load(scale_ptr))
     offsets = block_offsets(BLOCK_SIZE)
     if in_whole_block(n_elements, BLOCK_SIZE):

@@ -154,8 +154,8 @@ def _reduce(plan: Plan, row_loss: torch.Tensor, kept_count: torch.Tensor | None)
 
 def scale_in_place(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """t *= scale, for a one-element `scale` on t's device, without reading it on the host; t."""
-    if not t.is_contiguous():
-        return t.mul_(scale)
+    if not t.is_contiguous():  # (the stored gradients are contiguous: a caller's own tensor, rounded alike)
+        return t.copy_(t.to(compute_dtype(t.dtype)) * scale)
     n = t.numel()
     if n:
         block, warps = elementwise_config(n, t.device)

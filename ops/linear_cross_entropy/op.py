@@ -292,9 +292,16 @@ def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
     of a dead buffer to Inductor.  The forward op's caller who kept its by-products sees them scaled,
     as the forward op's docstring says."""
     if _keep_graph() or torch.is_grad_enabled() or is_traced([*stored, grad_loss]):
-        return [None if g is None else g * grad_loss for g in stored]
+        return [None if g is None else _times(g, grad_loss) for g in stored]
     # Eager by the test above, so launched directly: wrap_triton's eager dispatch costs host time a launch.
     return [None if g is None else run_direct(scale_in_place, (g, grad_loss), {}) for g in stored]
+
+
+def _times(g: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """g * scale, out of place, rounded once from the product in float32 (float64 for float64), as
+    scale_in_place rounds it: torch's own mul on CUDA rounds a 0-dim scale to g's dtype first."""
+    compute = torch.float64 if g.dtype == torch.float64 else torch.float32
+    return (g.to(compute) * scale).to(g.dtype)
 
 
 def _setup_context(ctx, inputs, output):

@@ -72,13 +72,16 @@ def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor) -> None:
 
 
 def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
-    """t (rows x columns), any strides, copied into new row-major rows `row_stride` elements apart: a view of the
-    copy.  (F.pad pads into a new row-major tensor, but with nothing to pad it clones, keeping t's strides: a
-    column-major t would stay column-major.)"""
+    """t (rows x columns), any strides, copied into a new row-major tensor of rows x `row_stride`, its
+    columns past t's zero.  The kernel reads the first columns of each row by the sizes it is given.  The
+    whole copy, not a view of its first columns: traced, Inductor lays out a view of an intermediate as it
+    likes (a slice of the padding can come out as contiguous rows of t's width), but a new tensor is
+    contiguous.  (F.pad pads into a new row-major tensor, but with nothing to pad it clones, keeping t's
+    strides: a column-major t would stay column-major.)"""
     pad = row_stride - t.shape[1]
     if pad == 0:
         return t.clone(memory_format=torch.contiguous_format)
-    return F.pad(t, (0, pad))[:, : t.shape[1]]
+    return F.pad(t, (0, pad))
 
 
 def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:

@@ -223,6 +223,7 @@ def test_a_patched_llama_of_real_size_matches_the_original_on_the_gpu(seq):
         assert _relative(grad, expected_grads[name]) < 3e-2, name
 
 
+@pytest.mark.timeout(900)  # pytest-timeout's limit, where installed: compiling a real-size model's step
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", [*KINDS, "all"])
 def test_a_patched_llama_of_real_size_compiles_as_it_runs_eagerly_on_the_gpu(kind):

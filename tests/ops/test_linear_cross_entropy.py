@@ -862,17 +862,19 @@ def test_the_kernel_gets_the_padded_rows_it_addresses(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scale_in_place_against_float64(device, dtype):
-    """The backward's scaling kernel: whole blocks and a ragged tail, each dtype, rounded once; an
-    empty tensor, and a non-contiguous one (scaled by torch instead)."""
+    """The backward's scaling kernel: whole blocks and a ragged tail, each dtype, the product rounded
+    once (not torch's CUDA mul, which rounds the scale to the dtype first); an empty tensor, and a
+    non-contiguous one (scaled by torch instead)."""
     from ops.linear_cross_entropy.launch import scale_in_place
 
     scale = torch.tensor(-2.7, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
     for n in (1, 1000 + 7, pick(device, 5000, 3 * 2**20 + 5)):
         t = torch.randn(n, device=device).to(dtype)
-        torchs, want = t * scale, t.double() * scale.double()
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        rounded_once, want = (t.to(compute) * scale).to(dtype), t.double() * scale.double()
         assert scale_in_place(t, scale) is t
         check(f"n={n}", t, want, dtype)
-        assert torch.equal(t, torchs), f"n={n}: not torch's rounding"
+        assert torch.equal(t, rounded_once), f"n={n}: not the float32 product rounded once"
     assert scale_in_place(torch.empty(0, dtype=dtype, device=device), scale).numel() == 0
     strided = torch.randn(40, 30, device=device).to(dtype).t()
     want = strided.double() * scale.double()

@@ -379,6 +379,11 @@ def test_an_operand_copied_whole_comes_out_row_major(launches, monkeypatch, dtyp
     assert plan.design == TMA and plan.copy_a and plan.a_layout == Layout(False, 96)
     copy = matmul_launch.aligned_copy(a, 96)
     assert copy.stride() == (96, 1) and torch.equal(copy, a)
+    # With padding: the whole padded tensor, contiguous (a traced call's Inductor keeps a new tensor's layout,
+    # not necessarily a view's), t's columns first and zeros after.
+    padded = matmul_launch.aligned_copy(b[:, :259], 264)
+    assert padded.shape == (96, 264) and padded.is_contiguous()
+    assert torch.equal(padded[:, :259], b[:, :259]) and not padded[:, 259:].any()
     assert_close(matmul_launch.run(plan, a, b), matmul_reference(a, b), dtype)
     x, w, grad = torch.randn(264, 96, dtype=dtype), torch.randn(96, 517, dtype=dtype), torch.randn(264, 517, dtype=dtype)
     monkeypatch.setattr(matmul_plan, "tma_available", lambda device: True)  # plan as a GPU with TMA would
