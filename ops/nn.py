@@ -132,8 +132,11 @@ _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_ba
 
 
 def _plain_linear(down: nn.Module) -> bool:
-    """An nn.Linear whose call is F.linear and nothing else: no hook of its own or global, its forward not replaced."""
+    """An nn.Linear whose call is F.linear and nothing else: no hook of its own or global, its forward not
+    replaced, its weight a plain tensor (a quantized or sharded one, a tensor subclass, keeps its own F.linear)."""
     if type(down) is not nn.Linear or "forward" in down.__dict__ or any(getattr(down, h) for h in _MODULE_HOOKS):
+        return False
+    if type(down.weight) not in (torch.Tensor, nn.Parameter):
         return False
     module = nn.modules.module
     return not any(getattr(module, f"_global{h}") for h in _MODULE_HOOKS)

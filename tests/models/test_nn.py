@@ -168,6 +168,17 @@ def test_gated_mlp_calls_a_down_projection_that_is_not_a_plain_linear():
     assert called
     handle.remove()
 
+    class Quantized(torch.Tensor):  # a weight of a tensor subclass (torchao's, a DTensor) keeps its own F.linear
+        pass
+
+    from ops.nn import _plain_linear
+
+    assert _plain_linear(mlp.down_proj)
+    weight = mlp.down_proj.weight
+    mlp.down_proj.weight = torch.nn.Parameter(weight.detach().clone().as_subclass(Quantized))
+    assert not _plain_linear(mlp.down_proj)
+    mlp.down_proj.weight = weight
+
     class Adapted(torch.nn.Linear):
         def forward(self, h):
             return super().forward(h) * 2
