@@ -152,10 +152,16 @@ def _reduce(plan: Plan, row_loss: torch.Tensor, kept_count: torch.Tensor | None)
     return total / kept_count if plan.reduction == "mean" else total
 
 
+def scaled(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """t * scale, a new tensor: the product in float32 (float64 for float64) rounded once to t's dtype, as
+    scale_in_place rounds it (torch's own mul on CUDA rounds a 0-dim scale to t's dtype first)."""
+    return (t.to(compute_dtype(t.dtype)) * scale).to(t.dtype)
+
+
 def scale_in_place(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """t *= scale, for a one-element `scale` on t's device, without reading it on the host; t."""
     if not t.is_contiguous():  # (the stored gradients are contiguous: a caller's own tensor, rounded alike)
-        return t.copy_(t.to(compute_dtype(t.dtype)) * scale)
+        return t.copy_(scaled(t, scale))
     n = t.numel()
     if n:
         block, warps = elementwise_config(n, t.device)

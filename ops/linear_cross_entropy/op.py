@@ -63,7 +63,7 @@ from ..runtime import (
     run_direct,
 )
 from . import vocab_parallel
-from .launch import run, scale_in_place
+from .launch import run, scale_in_place, scaled
 from .plan import TUNING, Meta, Tuning, choose_plan
 
 # --------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def forward(
     of x (N, H), for an incoming gradient of 1.  x_grad, weight_grad, bias_grad: which gradients to
     compute ("mean" and "sum" only; "none" computes its gradients in the backward); the others are
     empty tensors.  The op's backward scales these gradients in place when autograd frees the graph
-    after it (op.py: _scaled): a caller who keeps them past that sees them scaled."""
+    after it (op.py: _scale_stored): a caller who keeps them past that sees them scaled."""
     op = "linear_cross_entropy_forward"
     check_inputs(op, x, weight, target, bias, x_ndims=(2,))
     check_options(op, reduction, label_smoothing)
@@ -257,7 +257,7 @@ def _save(ctx, inputs, output) -> None:
 
 def _gradients(ctx, grad_loss, backward_none) -> tuple:
     """The gradients of (x, weight, target, bias): the stored ones times the incoming scalar
-    (`_scaled`), or ("none") `backward_none(grad, x, weight, target, bias, ignore_index,
+    (`_scale_stored`), or ("none") `backward_none(grad, x, weight, target, bias, ignore_index,
     label_smoothing, x_grad, weight_grad, bias_grad)`."""
     if grad_loss is None:  # grads are not materialized (_save): no gradient reached the loss
         return None, None, None, None
@@ -272,7 +272,7 @@ def _gradients(ctx, grad_loss, backward_none) -> tuple:
                     f"tk.linear_cross_entropy_forward: {name} needs a gradient, but the forward was called with "
                     f"{name}_grad=False; call tk.linear_cross_entropy, which asks for the gradients its inputs need"
                 )
-        grads = _scaled([g if need else None for g, need in zip(ctx.saved_tensors, needs)], grad_loss)
+        grads = _scale_stored([g if need else None for g, need in zip(ctx.saved_tensors, needs)], grad_loss)
     grad_x, grad_weight, grad_bias = (g if need else None for g, need in zip(grads, needs))
     return grad_x, grad_weight, None, grad_bias
 
@@ -280,7 +280,7 @@ def _gradients(ctx, grad_loss, backward_none) -> tuple:
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
 
 
-def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
+def _scale_stored(stored: list, grad_loss: torch.Tensor) -> list:
     """The stored gradients (None: not needed) times the incoming scalar.
 
     In place where nothing can read them again: an eager backward after which autograd frees the
@@ -292,16 +292,9 @@ def _scaled(stored: list, grad_loss: torch.Tensor) -> list:
     of a dead buffer to Inductor.  The forward op's caller who kept its by-products sees them scaled,
     as the forward op's docstring says."""
     if _keep_graph() or torch.is_grad_enabled() or is_traced([*stored, grad_loss]):
-        return [None if g is None else _times(g, grad_loss) for g in stored]
+        return [None if g is None else scaled(g, grad_loss) for g in stored]
     # Eager by the test above, so launched directly: wrap_triton's eager dispatch costs host time a launch.
     return [None if g is None else run_direct(scale_in_place, (g, grad_loss), {}) for g in stored]
-
-
-def _times(g: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """g * scale, out of place, rounded once from the product in float32 (float64 for float64), as
-    scale_in_place rounds it: torch's own mul on CUDA rounds a 0-dim scale to g's dtype first."""
-    compute = torch.float64 if g.dtype == torch.float64 else torch.float32
-    return (g.to(compute) * scale).to(g.dtype)
 
 
 def _setup_context(ctx, inputs, output):

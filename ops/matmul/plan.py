@@ -327,10 +327,15 @@ def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout
     floor = tuning.operand_copy_min if meta.facts.cuda else tuning.interpreter_operand_copy_min
     copy_a, copy_b = layout_a is None and meta.N >= floor, layout_b is None and meta.M >= floor
     if copy_a:  # a row-major copy, its rows padded to TMA_ALIGNMENT
-        layout_a = Layout(False, cdiv(meta.K * size, TMA_ALIGNMENT) * TMA_ALIGNMENT // size)
+        layout_a = Layout(False, _aligned_row(meta.K, size))
     if copy_b:
-        layout_b = Layout(False, cdiv(meta.N * size, TMA_ALIGNMENT) * TMA_ALIGNMENT // size)
+        layout_b = Layout(False, _aligned_row(meta.N, size))
     return None if layout_a is None or layout_b is None else (layout_a, layout_b, copy_a, copy_b)
+
+
+def _aligned_row(columns: int, element_size: int) -> int:
+    """Elements a row of `columns` takes when padded to whole TMA_ALIGNMENT-byte runs."""
+    return cdiv(columns * element_size, TMA_ALIGNMENT) * TMA_ALIGNMENT // element_size
 
 
 def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
