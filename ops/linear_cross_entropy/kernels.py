@@ -217,10 +217,15 @@ def scale_in_place_kernel(x_ptr, scale_ptr, n_elements, BLOCK_SIZE: tl.constexpr
     backward's incoming gradient, read here rather than on the host, where reading it would wait for
     the GPU.  The product in float32 (float64 for float64), rounded once.  torch's own mul_ by a 0-dim
     CUDA tensor rounds the scale to x's dtype first, and takes its strided path, a third of the
-    bandwidth (perf-notes v49)."""
+    bandwidth (perf-notes v49).
+
+    A scale of exactly 1 (the gradient of a loss that is itself the step's loss: `loss.backward()`)
+    leaves x as it is, so each program returns without reading or writing: x times 1 rounded once is
+    x, and the pass over the weight gradient, 4 V H bytes, is skipped where it would change nothing."""
     scale = to_compute_dtype(tl.load(scale_ptr))
-    offsets = block_offsets(BLOCK_SIZE)
-    if in_whole_block(n_elements, BLOCK_SIZE):
-        _scale_block(x_ptr, scale, offsets, offsets < whole_blocks_end(n_elements, BLOCK_SIZE))
-    else:
-        _scale_block(x_ptr, scale, offsets, offsets < n_elements)
+    if scale != 1.0:
+        offsets = block_offsets(BLOCK_SIZE)
+        if in_whole_block(n_elements, BLOCK_SIZE):
+            _scale_block(x_ptr, scale, offsets, offsets < whole_blocks_end(n_elements, BLOCK_SIZE))
+        else:
+            _scale_block(x_ptr, scale, offsets, offsets < n_elements)
