@@ -12,6 +12,13 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def nearest_power_of_2(n: int) -> int:
+    """The power of two nearest n in ratio (1 for n <= 1): 1792 -> 2048, 1280 -> 1024; a tie (n times
+    sqrt(2) a power of two, never an integer) cannot happen."""
+    upper = next_power_of_2(n)
+    return upper // 2 if n > 1 and 2 * n * n < upper * upper else upper
+
+
 def warps_for(elements: int, per_thread: int = 16) -> int:
     """num_warps for a block of `elements`: about `per_thread` a thread, 1 to 32 warps."""
     return min(max(elements // (32 * per_thread), 1), 32)

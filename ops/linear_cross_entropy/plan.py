@@ -12,10 +12,11 @@ Python entry points of op.py.  launch.py carries a plan out and decides nothing.
 
 The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 
-* The chunk.  At most ``max(min_chunk_rows, rows_per_hidden * H)`` rows: a chunk of H rows holds
-  as many logits as the weight has elements, so its memory is bounded by the weight gradient's
-  whatever N and V are, and ``min_chunk_rows`` rows at least keep the weight gradient's sum over
-  the chunks cheap next to the GEMMs.  The N rows are cut into that many chunks, evened out and
+* The chunk.  At most ``max(min_chunk_rows, rows_per_hidden * H)`` rows, H / 2 taken to the nearest
+  power of two: a chunk of H / 2 rows holds half as many logits as the weight has elements, so its
+  memory is bounded by about half the weight gradient's (at most 0.71 of it) whatever N and V are,
+  and ``min_chunk_rows`` rows at least keep the weight gradient's sum over the chunks cheap next to
+  the GEMMs.  The N rows are cut into that many chunks, evened out and
   rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
   harness's curve, the tests' ragged chunks).
 * The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
@@ -38,7 +39,7 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 
 from dataclasses import dataclass, replace
 
-from ..blocks.sizes import cdiv, next_power_of_2, rows_in_tile, warps_for
+from ..blocks.sizes import cdiv, nearest_power_of_2, next_power_of_2, rows_in_tile, warps_for
 from ..runtime import ByKind, DeviceFacts
 
 _ACCESS_BYTES = 16  # the widest access a thread makes, and the alignment cuBLAS wants of a leading dimension
@@ -61,12 +62,19 @@ class Tuning:
     chunk_rows: int | None = None
 
     # The rule: a chunk of at most max(min_chunk_rows, rows_per_hidden * H) rows.  Memory: a chunk
-    # of H rows holds as many logits as the weight has elements, so the chunk costs no more than
-    # the weight gradient the call returns anyway (whatever V is).  Speed: each chunk after the
-    # first adds dlogits^T @ x_c into a V x H float32 sum, a GEMM of 2 * rows * V * H flops that
-    # reads and writes 8 * V * H bytes, rows / 4 flops a byte: below about 1200 rows (an H100's
-    # 990 TFLOP/s over 3.35 TB/s) the sum's traffic outlasts its math, hence min_chunk_rows.
-    rows_per_hidden: int = 1
+    # of H / 2 rows holds half as many logits as the weight has elements, so the loss's working set
+    # beyond the gradients it returns is at most half of theirs (whatever V is).  H rows, the rule
+    # until perf-notes version 50, held as much as the weight gradient: in the Llama step of issue
+    # 51 (H 2048, V 128256) that chunk, 525 MB, was what kept the step's peak above Liger's.  Speed:
+    # each chunk after the first adds dlogits^T @ x_c into the V x H sum, a GEMM of 2 * rows * V * H
+    # flops that reads and writes 4 * V * H bytes (bf16), rows / 2 flops a byte, and cuBLAS does not
+    # hide that traffic behind the math: measured at 8191x2048x128256, 1024 rows took 23.8 ms
+    # against 2048 rows' 22.1 (about 0.4 ms a chunk more, 1.2x the traffic's time at copy speed).
+    # Below about 600 rows (990 TFLOP/s over 3.35 TB/s) the traffic outlasts even the math, hence
+    # min_chunk_rows.  H / 2 is taken to the nearest power of two (in ratio): the GEMMs' shape counts
+    # more than one chunk more or less.  At Qwen2's head (8191x3584x152064) chunks of 1664 rows (H / 2
+    # evened out) took 44.8 ms, chunks of 2048 rows 41.5, the rule's 2816 of version 49 about 42.4.
+    rows_per_hidden: float = 0.5
     min_chunk_rows: int = 1024
     # The chunks are evened out and their rows rounded up to this: cuBLAS's tiles on Hopper are
     # 128 or 256 rows, and a last chunk of a few rows would be a GEMM of little use.
@@ -202,7 +210,7 @@ def chunk_rows(meta: Meta, tuning: Tuning = TUNING) -> int:
         return 0
     if tuning.chunk_rows is not None:
         return min(n_rows, tuning.chunk_rows)
-    most = max(tuning.min_chunk_rows, tuning.rows_per_hidden * meta.hidden)
+    most = max(tuning.min_chunk_rows, nearest_power_of_2(int(tuning.rows_per_hidden * meta.hidden)))
     chunks = cdiv(n_rows, most)
     even = cdiv(cdiv(n_rows, chunks), tuning.row_multiple) * tuning.row_multiple
     return min(n_rows, even)

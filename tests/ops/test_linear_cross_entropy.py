@@ -654,27 +654,30 @@ def plan_for(n_rows, hidden, vocab, dtype=torch.bfloat16, facts=H100, tuning=TUN
     return choose_plan(meta, tuning)
 
 
-# (N, H, V) -> (rows a chunk, chunks) on an H100: a chunk of at most max(1024, H) rows, the chunks
+# (N, H, V) -> (rows a chunk, chunks) on an H100: a chunk of at most max(1024, H / 2 to the nearest
+# power of two) rows, the chunks
 # evened out and rounded up to 128 rows.
 GPU_CHUNKS = {
     (4095, 768, 50257): (1024, 4),  # GPT-2: 1024 rows at least
     (8191, 768, 50257): (1024, 8),
-    (8191, 2048, 128256): (2048, 4),  # Llama 3.2 1B
-    (16383, 2048, 128256): (2048, 8),
-    (8191, 4096, 128256): (4096, 2),  # Llama 3 8B
-    (8191, 3584, 152064): (2816, 3),  # Qwen2 7B: 8191 / 3 = 2731 rows, rounded up to 2816
-    (4097, 4096, 32768): (2176, 2),  # a ragged pair evened out: 2049 rows, rounded up to 2176
+    (8191, 2048, 128256): (1024, 8),  # Llama 3.2 1B: H / 2 = 1024
+    (16383, 2048, 128256): (1024, 16),
+    (8191, 4096, 128256): (2048, 4),  # Llama 3 8B
+    (8191, 3584, 152064): (2048, 4),  # Qwen2 7B: H / 2 = 1792, nearest power of two 2048
+    (4097, 4096, 32768): (1408, 3),  # a ragged split evened out: 1366 rows, rounded up to 1408
+    (8191, 2560, 51200): (1024, 8),  # Phi-2: H / 2 = 1280, nearest power of two 1024
     (1000, 4096, 128256): (1000, 1),  # one chunk of every row
 }
 
 
 def test_the_chunk_rule_on_an_h100():
-    """Chunks of max(1024, H) rows at most: the chunk's logits never hold more elements than the
-    weight, or than 1024 rows; bf16 weight gradients of several chunks summed in float32."""
+    """Chunks of max(1024, H / 2 to the nearest power of two) rows at most: the chunk's logits never
+    hold more elements than 0.71 of the weight, or than 1024 rows; bf16 weight gradients of several
+    chunks summed in float32."""
     for (n_rows, hidden, vocab), expected in GPU_CHUNKS.items():
         plan = plan_for(n_rows, hidden, vocab)
         assert (plan.chunk_rows, plan.chunks) == expected, (n_rows, hidden, vocab)
-        assert plan.chunk_rows <= max(1024, hidden) and (plan.chunks - 1) * plan.chunk_rows < n_rows
+        assert plan.chunk_rows <= max(1024, 0.71 * hidden) and (plan.chunks - 1) * plan.chunk_rows < n_rows
         assert plan.weight_sum == IN_OUTPUT
         assert plan_for(n_rows, hidden, vocab, tuning=FLOAT32_SUM).weight_sum == (FLOAT32 if plan.chunks > 1 else IN_OUTPUT)
         assert (plan.tile.rows, plan.tile.block, plan.tile.warps) == (1, 4096, 16)
@@ -857,6 +860,25 @@ def test_the_kernel_gets_the_padded_rows_it_addresses(monkeypatch):
     for numel, n_rows, n_cols, row_stride in seen:
         assert (n_cols, row_stride) == (7, 8)
         assert numel >= n_rows * row_stride, (numel, n_rows, row_stride)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_in_place_of_one_and_of_the_next_value_above_one(device, dtype):
+    """A scale of exactly 1 leaves the tensor as it was (the kernel skips the pass); the next value
+    above 1 in the scale's dtype is not taken for 1: its product, rounded once, is what the tensor
+    holds (for float32 and float64 tensors most elements change)."""
+    from ops.linear_cross_entropy.launch import scale_in_place
+
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    t = torch.randn(1000 + 7, device=device).to(dtype)
+    before = t.clone()
+    assert torch.equal(scale_in_place(t, torch.tensor(1.0, dtype=compute, device=device)), before)
+    above_one = torch.nextafter(torch.tensor(1.0, dtype=compute), torch.tensor(2.0, dtype=compute)).to(device)
+    want = (before.to(compute) * above_one).to(dtype)
+    assert torch.equal(scale_in_place(t, above_one), want)
+    if dtype in (torch.float32, torch.float64):
+        assert (t != before).float().mean() > 0.4, "a scale just above 1 was skipped"
 
 
 @pytest.mark.parametrize("device", DEVICES)
