@@ -12,11 +12,11 @@ Python entry points of op.py.  launch.py carries a plan out and decides nothing.
 
 The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
 
-* The chunk.  At most ``max(min_chunk_rows, rows_per_hidden * H)`` rows, H / 2 taken to the nearest
-  power of two: a chunk of H / 2 rows holds half as many logits as the weight has elements, so its
-  memory is bounded by about half the weight gradient's (at most 0.71 of it) whatever N and V are,
-  and ``min_chunk_rows`` rows at least keep the weight gradient's sum over the chunks cheap next to
-  the GEMMs.  The N rows are cut into that many chunks, evened out and
+* The chunk.  At most ``max(min_chunk_rows, nearest_power_of_2(rows_per_hidden * H))`` rows, H / 2
+  taken to the nearest power of two: a chunk of H / 2 rows holds half as many logits as the weight
+  has elements, so for H of 2048 or more its memory is bounded by about half the weight gradient's
+  (at most 0.71 of it) whatever N and V are; below, ``min_chunk_rows`` rows (1024) at least keep
+  the weight gradient's sum over the chunks cheap next to the GEMMs.  The N rows are cut into that many chunks, evened out and
   rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
   harness's curve, the tests' ragged chunks).
 * The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
@@ -61,10 +61,12 @@ class Tuning:
     # memory against it (spec.py: one variant per chunk size), the tests take ragged chunks with it.
     chunk_rows: int | None = None
 
-    # The rule: a chunk of at most max(min_chunk_rows, rows_per_hidden * H) rows.  Memory: a chunk
-    # of H / 2 rows holds half as many logits as the weight has elements, so the loss's working set
-    # beyond the gradients it returns is at most half of theirs (whatever V is).  H rows, the rule
-    # until perf-notes version 50, held as much as the weight gradient: in the Llama step of issue
+    # The rule: a chunk of at most max(min_chunk_rows, nearest_power_of_2(rows_per_hidden * H))
+    # rows.  Memory: a chunk of H / 2 rows holds half as many logits as the weight has elements, so
+    # for H of 2048 or more the loss's working set beyond the gradients it returns is at most 0.71 of
+    # theirs (whatever V is).  H rows, the rule until perf-notes version 50 (chunk_rows= gives its
+    # sizes back; rows_per_hidden=1 would round them to powers of two), held as much as the weight
+    # gradient: in the Llama step of issue
     # 51 (H 2048, V 128256) that chunk, 525 MB, was what kept the step's peak above Liger's.  Speed:
     # each chunk after the first adds dlogits^T @ x_c into the V x H sum, a GEMM of 2 * rows * V * H
     # flops that reads and writes 4 * V * H bytes (bf16), rows / 2 flops a byte, and cuBLAS does not
