@@ -16,8 +16,9 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
   taken to the nearest power of two: a chunk of H / 2 rows holds half as many logits as the weight
   has elements, so for H of 2048 or more its memory is bounded by about half the weight gradient's
   (at most 0.71 of it) whatever N and V are; below, ``min_chunk_rows`` rows (1024) at least keep
-  the weight gradient's sum over the chunks cheap next to the GEMMs.  The N rows are cut into that many chunks, evened out and
-  rounded up to ``row_multiple`` rows.  ``Tuning.chunk_rows`` fixes the rows instead (the
+  the weight gradient's sum over the chunks cheap next to the GEMMs.  The N rows are cut into that
+  many chunks, evened out and rounded up to ``row_multiple`` rows (so a chunk's rows are a power of
+  two only where N divides evenly: N = 5000 at H 4096 gives three chunks of 1792).  ``Tuning.chunk_rows`` fixes the rows instead (the
   harness's curve, the tests' ragged chunks).
 * The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
   every row starts on a 16-byte boundary for cuBLAS and for the row kernel, whose sweep runs to the
@@ -66,8 +67,8 @@ class Tuning:
     # for H of 2048 or more the loss's working set beyond the gradients it returns is at most 0.71 of
     # theirs (whatever V is).  H rows, the rule until perf-notes version 50 (chunk_rows= gives its
     # sizes back; rows_per_hidden=1 would round them to powers of two), held as much as the weight
-    # gradient: in the Llama step of issue
-    # 51 (H 2048, V 128256) that chunk, 525 MB, was what kept the step's peak above Liger's.  Speed:
+    # gradient: in the Llama step of issue 51 (H 2048, V 128256) that chunk, 525 MB, was what kept
+    # the step's peak above Liger's.  Speed:
     # each chunk after the first adds dlogits^T @ x_c into the V x H sum, a GEMM of 2 * rows * V * H
     # flops that reads and writes 4 * V * H bytes (bf16), rows / 2 flops a byte, and cuBLAS does not
     # hide that traffic behind the math: measured at 8191x2048x128256, 1024 rows took 23.8 ms
