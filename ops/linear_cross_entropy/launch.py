@@ -3,7 +3,7 @@
 ``run`` walks the rows in the plan's chunks.  For each chunk: its logits x_c @ W^T (+ b) into one
 reused buffer (cuBLAS, through torch), the row kernel over them (its losses, and its gradient in
 place), then the gradient GEMMs: grad_x_c = dlogits_c @ W into grad_x's rows, grad_W += dlogits_c^T
-@ x_c, grad_b += the column sums of dlogits_c.  It allocates, launches and sums what the plan
+@ x_c (tk's matmul or cuBLAS, as the plan says), grad_b += the column sums of dlogits_c.  It allocates, launches and sums what the plan
 says, and decides nothing.
 """
 
@@ -12,9 +12,10 @@ import torch.nn.functional as F
 
 from ..blocks.elementwise import elementwise_config, elementwise_grid
 from ..blocks.sizes import cdiv
+from ..matmul.op import product_into
 from ..runtime import launcher
 from .kernels import linear_cross_entropy_kernel, scale_in_place_kernel
-from .plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, Plan
+from .plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, TK_GEMM, Plan
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -127,9 +128,12 @@ def _add_weight_gradient(
     plan: Plan, weight_sum: torch.Tensor, dlogits: torch.Tensor, x_chunk: torch.Tensor, first: bool
 ):
     """weight_sum (+)= dlogits^T @ x_chunk: the first chunk writes the sum (beta = 0: what the
-    buffer held is not read), the others add to it, in the way plan.weight_sum names."""
+    buffer held is not read), the others add to it, in the way plan.weight_sum names, by the GEMM
+    plan.weight_gemm names."""
     beta = 0 if first else 1
-    if plan.weight_sum == IN_OUTPUT:
+    if plan.weight_sum == IN_OUTPUT and plan.weight_gemm == TK_GEMM:
+        product_into(weight_sum, dlogits.t(), x_chunk, accumulate=not first)
+    elif plan.weight_sum == IN_OUTPUT:
         torch.addmm(weight_sum, dlogits.t(), x_chunk, beta=beta, out=weight_sum)
     elif plan.weight_sum == FLOAT32:
         torch.addmm(weight_sum, dlogits.t(), x_chunk, beta=beta, out_dtype=torch.float32, out=weight_sum)

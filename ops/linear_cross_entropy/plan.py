@@ -36,6 +36,9 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
   out_dtype=torch.float32)``): Inductor cannot lower addmm with out_dtype (torch 2.13:
   "tuned_addmm() takes 3 positional arguments but 4 were given").  In the interpreter, from
   float32 copies of the chunk's operands (torch has no mixed-precision GEMM on the CPU).
+* The weight gradient's GEMM.  Summed in the gradient itself by ``torch.addmm`` (cuBLAS on a
+  GPU), or, with ``tk_weight_gemm`` (off: measured slower), by tk's TMA matmul adding the chunk's
+  product into the sum in its epilogue (``ops.matmul.op.product_into``).
 """
 
 from dataclasses import dataclass, replace
@@ -50,6 +53,10 @@ IN_OUTPUT = "in_output"  # addmm into the gradient itself: one chunk, float32 or
 FLOAT32 = "float32"  # 16-bit weights on a GPU, eagerly: addmm with a float32 output into a float32 sum
 FLOAT32_TRACED = "float32_traced"  # the same traced for Inductor: mm with a float32 output, added to the sum
 WIDENED = "widened"  # 16-bit weights in the interpreter: addmm of float32 copies into a float32 sum
+
+# Which GEMM adds a chunk's dlogits^T @ x_c into an IN_OUTPUT weight gradient (Plan.weight_gemm).
+TORCH_GEMM = "torch"  # torch.addmm(..., beta=1): cuBLAS on a GPU
+TK_GEMM = "tk"  # tk's matmul, adding into the gradient in its epilogue (ops.matmul.op.product_into)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,18 @@ class Tuning:
     # one row, so that the CPU tests run the padded GEMMs.
     pad_weight: bool = True
     pad_weight_min_rows: ByKind = ByKind(cuda=512, cpu=1)
+
+    # The weight gradient's GEMM, summed in the gradient itself (IN_OUTPUT): tk's matmul, adding into
+    # the sum in its epilogue (True), or torch.addmm (False).  Measured on an H100 (perf-notes version
+    # 51), off: tk's TMA kernel writes the grad_W GEMM of Qwen2's head (M = V 152064, N = H 3584,
+    # K = 2048 rows) at 1.03x cuBLAS, but its adding launch reads C's tile after the K loop, a stall
+    # each tile: 3.86 ms against cuBLAS's addmm's 3.48.  In one run of the whole loss (two rounds,
+    # interleaved): at 8191x3584x152064 42.8 ms with cuBLAS against 43.7 with tk; 8191x4096x128256
+    # 40.1 against 42.4; 8191x2048x128256 (1024-row chunks) 21.7 against 23.7.  (Reading the tile
+    # before the loop, held in registers across it, took 16.7 ms.)  The harness times it on as
+    # `tk-tk-weight-gemm`.  On a GPU it applies to 16-bit weights on Hopper (the TMA kernel's),
+    # eagerly (traced, Inductor's GEMMs); the interpreter takes it where a test says so.
+    tk_weight_gemm: ByKind = ByKind(cuda=False, cpu=False)
 
     # The row kernel: chunks of the next power of two of V, capped, `per_thread` elements a thread.
     # It reads each row twice and writes it once, as cross entropy's backward reads and writes once:
@@ -177,6 +196,7 @@ class Plan:
     weight_grad: bool
     bias_grad: bool
     weight_sum: str  # IN_OUTPUT, FLOAT32, FLOAT32_TRACED or WIDENED (see the module docstring)
+    weight_gemm: str  # TK_GEMM or TORCH_GEMM: which GEMM adds an IN_OUTPUT sum's chunks
     pad_weight: bool  # the GEMMs read the weight padded with zero rows to logits_stride (Tuning.pad_weight)
 
 
@@ -202,6 +222,7 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
         weight_grad=meta.weight_grad,
         bias_grad=meta.bias_grad,
         weight_sum=_weight_sum(meta, chunks, tuning),
+        weight_gemm=_weight_gemm(meta, chunks, tuning),
         pad_weight=tuning.pad_weight and stride != meta.vocab and meta.n_rows >= tuning.pad_weight_min_rows.on(meta.facts),
     )
 
@@ -239,3 +260,12 @@ def _weight_sum(meta: Meta, chunks: int, tuning: Tuning) -> str:
     if not meta.facts.cuda:
         return WIDENED
     return FLOAT32 if meta.eager else FLOAT32_TRACED
+
+
+def _weight_gemm(meta: Meta, chunks: int, tuning: Tuning) -> str:
+    """Which GEMM sums an IN_OUTPUT weight gradient (see Tuning.tk_weight_gemm)."""
+    if _weight_sum(meta, chunks, tuning) != IN_OUTPUT or not tuning.tk_weight_gemm.on(meta.facts):
+        return TORCH_GEMM
+    if meta.facts.cuda and not (meta.facts.hopper and meta.element_size == 2 and meta.eager):
+        return TORCH_GEMM
+    return TK_GEMM

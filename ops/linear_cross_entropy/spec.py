@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from ..runtime import ByKind
 from ..spec import OpSpec, register_spec
 from .op import linear_cross_entropy_with_tuning
 from .plan import TUNING
@@ -113,6 +114,8 @@ register_spec(
             "tk-float32-sum": _tk_tuned(float32_weight_sum=True),
             # An odd vocabulary's GEMMs on the weight as given, not padded to 16 bytes (Tuning.pad_weight).
             "tk-unpadded-weight": _tk_tuned(pad_weight=False),
+            # The weight gradient's sum by tk's matmul adding in its epilogue, not cuBLAS's addmm (Tuning.tk_weight_gemm).
+            "tk-tk-weight-gemm": _tk_tuned(tk_weight_gemm=ByKind(cuda=True, cpu=False)),
         },
         make_inputs=_make_inputs,
         bytes_moved=_bytes,

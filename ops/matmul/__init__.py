@@ -1,8 +1,9 @@
 """Matrix multiplication, 2-D or batched 3-D, any strides: ``torch.ops.tk.matmul`` and its backward.
 
-    op.py       the registered ops: checks, then describe -> choose_plan -> run; ``forward`` and ``backward``
+    op.py       the registered ops: checks, then describe -> choose_plan -> run; ``forward`` and ``backward``;
+                ``product_into(out, a, b, accumulate=)``: out = (or +=) a @ b in place, for sums over chunks
     plan.py     Tuning (every constant), Meta (what a call is), Plan (how it runs), describe, choose_plan
-    launch.py   run(plan, a, b): allocations and launches, nothing decided
+    launch.py   run(plan, a, b, out=None, accumulate=False): allocations and launches, nothing decided
     kernels.py  the pointer kernel, the TMA kernel (Hopper), the split-K sum, the autotuner's configs
     spec.py     what the comparison harness reads
 

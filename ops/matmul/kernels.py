@@ -1,5 +1,8 @@
 """matmul's Triton kernels: the pointer kernel (any strides, batches, split K), the TMA kernel, the split-K sum.
 
+Each takes ACCUMULATE: C += A @ B, C read once in the epilogue and added to the float32 product before the
+one rounding (cuBLAS's beta = 1: a weight gradient summed over chunks, ops/linear_cross_entropy).
+
 Which problem takes which kernel, with which tile, is plan.py's; the math is in op.py's docstring.
 The autotuner's lists (``CONFIGS``, ``TMA_CONFIGS``) stay beside the kernels they configure.
 """
@@ -52,7 +55,7 @@ def matmul_kernel(
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cm, stride_cn, stride_cs, SPLIT_K,
-    ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr,
+    ALLOW_TF32: tl.constexpr, UPCAST_OPERANDS: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     M_MULTIPLE: tl.constexpr, N_MULTIPLE: tl.constexpr, K_MULTIPLE: tl.constexpr, C_SLICE_MULTIPLE: tl.constexpr,
     AB_MULTIPLE: tl.constexpr, AR_MULTIPLE: tl.constexpr, AC_MULTIPLE: tl.constexpr,
@@ -108,7 +111,10 @@ def matmul_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptr += tl.program_id(2).to(tl.int64) * stride_cs  # the workspace slice, when K is split
     c_ptrs = c_ptr + batch * stride_cb + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    c_mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if ACCUMULATE:  # (never with K split: the slice sum adds C there)
+        acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(acc.dtype)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 # The autotuner's choice per shape is kept on disk where this Triton can (3.4 and later): a second
@@ -120,8 +126,13 @@ _KEEP_CHOICE = {"cache_results": True} if "cache_results" in inspect.signature(t
 # head's b as W.t() and as a contiguous (K, N) matrix are one (M, N, K) but load differently, and the choice of
 # one is kept on disk for the other otherwise.
 LAYOUT_KEY = ["AR_MULTIPLE", "AC_MULTIPLE", "BR_MULTIPLE", "BC_MULTIPLE"]
-matmul_kernel_autotuned = triton.autotune(
-    configs=CONFIGS, key=["M", "N", "K", "SPLIT_K", "GROUP_M", *LAYOUT_KEY], **_KEEP_CHOICE
+MATMUL_KEY = ["M", "N", "K", "SPLIT_K", "GROUP_M", "ACCUMULATE", *LAYOUT_KEY]  # (ACCUMULATE: the choices kept on disk)
+matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=MATMUL_KEY, **_KEEP_CHOICE)(matmul_kernel)
+# The kernel that adds into C (ACCUMULATE) is tuned apart: C is copied before the autotuner times the configs
+# and restored after each (restore_value), which every timed run would otherwise add to once more.  That copy
+# (C's size, on a shape's first call) is spared the calls that write a new C.
+matmul_kernel_accumulating = triton.autotune(
+    configs=CONFIGS, key=MATMUL_KEY, restore_value=["c_ptr"], **_KEEP_CHOICE
 )(matmul_kernel)
 
 
@@ -130,7 +141,7 @@ def matmul_tma_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K, stride_a, stride_b, stride_c,
     A_COLUMN_MAJOR: tl.constexpr, B_COLUMN_MAJOR: tl.constexpr, C_POINTERS: tl.constexpr,
-    UPCAST_OPERANDS: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     STORE_HALVES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
@@ -189,19 +200,33 @@ def matmul_tma_kernel(
             if UPCAST_OPERANDS:  # bfloat16 in the interpreter: see plan.py, Tuning.interpreter_tile
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc)
-        c = acc.to(c_ptr.dtype.element_ty)
+        # ACCUMULATE reads C's tile here, after the K loop: a stall each tile that cost 0.7 ms at an LM head's
+        # weight gradient (M 152064, N 3584, K 2048: 3.86 ms against 3.14 without; cuBLAS's addmm 3.48).  Read
+        # through pointers before the loop instead, the tile held in registers across it, the kernel took 16.7 ms.
         if C_POINTERS:
             rows = off_m + tl.arange(0, BLOCK_M)
             cols = off_n + tl.arange(0, BLOCK_N)
             # int64: an LM head's C can pass 2**31 elements (16384 tokens x a 151936 vocabulary)
             c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_c + cols[None, :]
-            tl.store(c_ptrs, c, mask=(rows[:, None] < M) & (cols[None, :] < N))
+            c_mask = (rows[:, None] < M) & (cols[None, :] < N)
+            if ACCUMULATE:
+                acc += tl.load(c_ptrs, mask=c_mask, other=0.0).to(tl.float32)
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
         elif STORE_HALVES:
-            left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            if ACCUMULATE:  # the halves split in float32, each added to C's half before its rounding
+                left, right = acc.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+                left += c_desc.load([off_m, off_n]).to(tl.float32)
+                right += c_desc.load([off_m, off_n + BLOCK_N // 2]).to(tl.float32)
+                left, right = left.to(c_ptr.dtype.element_ty), right.to(c_ptr.dtype.element_ty)
+            else:  # rounded first: the split moves half as many bytes through registers
+                c = acc.to(c_ptr.dtype.element_ty)
+                left, right = c.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
             c_desc.store([off_m, off_n], left)
             c_desc.store([off_m, off_n + BLOCK_N // 2], right)
         else:
-            c_desc.store([off_m, off_n], c)
+            if ACCUMULATE:
+                acc += c_desc.load([off_m, off_n]).to(tl.float32)
+            c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
 
 
 def _tma_config(block_m, block_n, block_k, stages, warps, store_halves=True, warp_specialize=False):
@@ -240,21 +265,27 @@ def distinct_kernels(configs: list, named_args: dict, **kwargs) -> list:
     return kept
 
 
+TMA_KEY = ["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR", "C_POINTERS", "ACCUMULATE"]
 matmul_tma_kernel_autotuned = triton.autotune(
-    configs=TMA_CONFIGS, key=["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR", "C_POINTERS"],
-    prune_configs_by={"early_config_prune": distinct_kernels}, **_KEEP_CHOICE,
-)(
-    matmul_tma_kernel
-)
+    configs=TMA_CONFIGS, key=TMA_KEY, prune_configs_by={"early_config_prune": distinct_kernels}, **_KEEP_CHOICE
+)(matmul_tma_kernel)
+matmul_tma_kernel_accumulating = triton.autotune(  # (as matmul_kernel_accumulating)
+    configs=TMA_CONFIGS, key=TMA_KEY, prune_configs_by={"early_config_prune": distinct_kernels},
+    restore_value=["c_ptr"], **_KEEP_CHOICE,
+)(matmul_tma_kernel)
 
 
 @triton.jit
-def split_k_sum_kernel(partial_ptr, c_ptr, n_elements, SPLIT_K: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """c = the sum of SPLIT_K slices of n_elements partial sums, added in slice order.
-    (s * n_elements stays far below 2**31: K is split only for small outputs.)"""
+def split_k_sum_kernel(
+    partial_ptr, c_ptr, n_elements, SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
+    """c = the sum of SPLIT_K slices of n_elements partial sums, added in slice order (ACCUMULATE: that
+    sum + c).  (s * n_elements stays far below 2**31: K is split only for small outputs.)"""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     acc = tl.load(partial_ptr + offsets, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(partial_ptr + s * n_elements + offsets, mask=mask, other=0.0)
+    if ACCUMULATE:
+        acc += tl.load(c_ptr + offsets, mask=mask, other=0.0).to(acc.dtype)
     tl.store(c_ptr + offsets, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -13,21 +13,24 @@ from ..blocks.sizes import cdiv
 from ..runtime import launcher, set_scratch_allocator
 from .kernels import (
     matmul_kernel,
+    matmul_kernel_accumulating,
     matmul_kernel_autotuned,
     matmul_tma_kernel,
+    matmul_tma_kernel_accumulating,
     matmul_tma_kernel_autotuned,
     split_k_sum_kernel,
 )
 from .plan import POINTER, TMA, Plan
 
 
-def run(plan: Plan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """C = a @ b, a new contiguous tensor of plan.shape in a's dtype."""
-    c = torch.empty(plan.shape, dtype=a.dtype, device=a.device)
+def run(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False):
+    """C = a @ b, a new contiguous tensor of plan.shape in a's dtype; or written into `out` (contiguous, of
+    that shape and dtype: op.py checked it), or added to it (accumulate).  Returns C."""
+    c = torch.empty(plan.shape, dtype=a.dtype, device=a.device) if out is None else out
     if plan.design == TMA:
-        _launch_tma(plan, a, b, c)
+        _launch_tma(plan, a, b, c, accumulate)
     elif plan.design == POINTER:
-        _launch_pointer(plan, a, b, c)
+        _launch_pointer(plan, a, b, c, accumulate)
     return c  # EMPTY: C has no elements
 
 
@@ -38,7 +41,7 @@ def _batched_view(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
     M, N, K, batch, split = plan.M, plan.N, plan.K, plan.batch, plan.split
     if split == 1:
         out, slice_stride = c, 0
@@ -48,26 +51,28 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     # c is new and contiguous, so each workspace slice has c's strides.
     strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
     flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands, "GROUP_M": plan.group_m}
+    flags["ACCUMULATE"] = accumulate and split == 1  # a split K's slice sum adds C instead
     flags.update(plan.multiples.constexprs())
     if plan.tile is None:  # the autotuner picks the tile
 
         def grid(meta):
             return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), batch, split)
 
-        launcher(matmul_kernel_autotuned, a)[grid](a, b, out, M, N, K, *strides, **flags)
+        tuned = matmul_kernel_accumulating if flags["ACCUMULATE"] else matmul_kernel_autotuned
+        launcher(tuned, a)[grid](a, b, out, M, N, K, *strides, **flags)
     else:
         grid = (cdiv(M, plan.tile.block_m) * cdiv(N, plan.tile.block_n), batch, split)
         tile = {**plan.tile.constexprs(), **plan.tile.options()}
         launcher(matmul_kernel, a)[grid](a, b, out, M, N, K, *strides, **flags, **tile)
     if split > 1:
-        _sum_slices(plan, out, c)
+        _sum_slices(plan, out, c, accumulate)
 
 
-def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor) -> None:
-    """c (contiguous) = the sum of partial's plan.split slices."""
+def _sum_slices(plan: Plan, partial: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
+    """c (contiguous) = the sum of partial's plan.split slices (+ c, accumulate)."""
     n = c.numel()
     launcher(split_k_sum_kernel, c)[elementwise_grid(n, plan.sum_block)](
-        partial, c, n, SPLIT_K=plan.split, BLOCK_SIZE=plan.sum_block, num_warps=plan.sum_warps
+        partial, c, n, SPLIT_K=plan.split, ACCUMULATE=accumulate, BLOCK_SIZE=plan.sum_block, num_warps=plan.sum_warps
     )
 
 
@@ -84,7 +89,7 @@ def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
     return F.pad(t, (0, pad))
 
 
-def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
     M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
     if plan.copy_a:
         a = aligned_copy(a, plan.a_layout.leading_stride)
@@ -93,7 +98,7 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
     flags["C_POINTERS"] = plan.c_pointers
-    flags.update(UPCAST_OPERANDS=plan.upcast_operands, GROUP_M=plan.group_m)
+    flags.update(UPCAST_OPERANDS=plan.upcast_operands, ACCUMULATE=accumulate, GROUP_M=plan.group_m)
 
     def grid(meta):  # the persistent grid: one program per SM, or fewer when there are fewer tiles
         return (min(programs, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
@@ -101,7 +106,8 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -
     if a.device.type == "cuda":  # the kernel's descriptors need Triton's scratch memory there
         set_scratch_allocator()
     if plan.tile is None:  # the autotuner picks the tile
-        launcher(matmul_tma_kernel_autotuned, a)[grid](*args, **flags)
+        tuned = matmul_tma_kernel_accumulating if accumulate else matmul_tma_kernel_autotuned
+        launcher(tuned, a)[grid](*args, **flags)
     else:
         tile = plan.tile.constexprs()
         launcher(matmul_tma_kernel, a)[grid(tile)](

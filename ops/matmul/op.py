@@ -45,10 +45,12 @@ from ..runtime import (
     check_same,
     check_tensor,
     follow_autocast,
+    is_fake,
     needs_grad,
     on_cuda,
     register_formula,
     register_op,
+    run_direct,
 )
 from .launch import run
 from .plan import TUNING, Tuning, choose_plan, describe
@@ -81,6 +83,37 @@ def forward(a: torch.Tensor, b: torch.Tensor, *, tuning: Tuning = TUNING) -> tor
     if on_cuda(a) and batch > 65535:  # the batch is the grid's second axis, at most 65535 programs on CUDA
         raise ValueError(f"tk.matmul: a batch of {batch} matrices is more than a CUDA grid holds (65535); split the batch")
     return run(choose_plan(describe(a, b), tuning), a, b)
+
+
+def product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumulate: bool,
+                 tuning: Tuning = TUNING) -> torch.Tensor:  # fmt: skip
+    """out = a @ b, or out += a @ b (accumulate), in place: ``torch.addmm(out, a, b, beta=1, out=out)``'s
+    numbers, out's values added to the float32 product before its one rounding.  For sums over chunks
+    without a second pass over the sum (the weight gradient of ops/linear_cross_entropy).  2-D a and b;
+    `out` contiguous, of a's dtype and the product's shape.  Not a registered op: it mutates `out`, and
+    its caller runs it eagerly.  Returns out."""
+    check_tensor("matmul", "a", a, ndims=(2,))
+    check_tensor("matmul", "b", b, ndims=(2,))
+    check_tensor("matmul", "out", out, ndims=(2,))
+    check_same("matmul", {"a": a, "b": b, "out": out})
+    _check_shapes(a, b)
+    if tuple(out.shape) != (a.shape[0], b.shape[1]) or not out.is_contiguous():
+        raise ValueError(
+            f"tk.matmul: out must be a contiguous ({a.shape[0]}, {b.shape[1]}) tensor for a of shape "
+            f"{tuple(a.shape)} and b of shape {tuple(b.shape)}; got shape {tuple(out.shape)}, strides {out.stride()}"
+        )
+    for name, t in (("a", a), ("b", b)):  # the kernels read a and b while they write out
+        if t.numel() and out.numel() and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            raise ValueError(f"tk.matmul: out shares memory with {name}; pass a separate output tensor")
+    if a.dtype == torch.float64 and on_cuda(a):
+        raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
+    plan = choose_plan(describe(a, b, out), tuning)
+    if torch.compiler.is_compiling() or any(is_fake(t) for t in (out, a, b)):  # handed to the tracer (wrap_triton)
+        return run(plan, a, b, out=out, accumulate=accumulate)
+    # On real tensors, launched as an op's body launches them (ops.runtime.direct): straight through the compiled
+    # kernel.  Through wrap_triton outside a trace, on an H100, a call at an LM head's weight gradient took 0.4-0.7 s
+    # and the adding launch's result was wrong (perf-notes version 51; not understood).
+    return run_direct(run, (plan, a, b), {"out": out, "accumulate": accumulate})
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

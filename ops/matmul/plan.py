@@ -126,6 +126,7 @@ class Meta:
     tf32_allowed: bool  # torch.backends.cuda.matmul.allow_tf32 at the call
     facts: DeviceFacts
     tma_descriptors: bool  # Triton can build TMA descriptors on this device (Hopper or newer, a Triton that has them)
+    c_address_aligned: bool = True  # C starts on TMA_ALIGNMENT bytes (a new C does; a caller's `out` may not)
 
     @property
     def M(self) -> int:
@@ -240,8 +241,9 @@ class Plan:
     warp_specialize: bool = False
 
 
-def describe(a: torch.Tensor, b: torch.Tensor) -> Meta:
-    """The Meta of a @ b: the only place a matmul asks the device, the call's settings or a pointer."""
+def describe(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> Meta:
+    """The Meta of a @ b (written into `out`, contiguous, where given): the only place a matmul asks the
+    device, the call's settings or a pointer."""
     tma_descriptors = tma_available(a.device)
     return Meta(
         a=_operand(a, tma_descriptors),
@@ -250,7 +252,13 @@ def describe(a: torch.Tensor, b: torch.Tensor) -> Meta:
         tf32_allowed=torch.backends.cuda.matmul.allow_tf32,
         facts=device_facts(a.device),
         tma_descriptors=tma_descriptors,
+        c_address_aligned=out is None or _starts_aligned(_operand(out, tma_descriptors), out.element_size()),
     )
+
+
+def _starts_aligned(operand: Operand, element_size: int) -> bool:
+    """Whether a TMA descriptor may start at the operand: its address TMA_ALIGNMENT-aligned."""
+    return operand.address_aligned and (operand.storage_offset * element_size) % TMA_ALIGNMENT == 0
 
 
 def _operand(t: torch.Tensor, read_address: bool) -> Operand:
@@ -299,7 +307,7 @@ def split_k(meta: Meta, tuning: Tuning = TUNING) -> int:
 def tma_layout(operand: Operand, element_size: int) -> Layout | None:
     """The layout of a 2-D operand for a TMA descriptor, or None when none can describe it: a unit stride,
     rows (columns) apart and not overlapping, the base and the leading stride TMA_ALIGNMENT-aligned."""
-    if (operand.storage_offset * element_size) % TMA_ALIGNMENT or not operand.address_aligned:
+    if not _starts_aligned(operand, element_size):
         return None
     shape, strides = operand.shape, operand.strides
     for column_major, unit, leading in ((False, 1, 0), (True, 0, 1)):
@@ -370,7 +378,8 @@ def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, copy_a: bool = Fals
     """The TMA kernel on a persistent grid of one program per SM (reading aligned copies of a or b where told)."""
     launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
     launch.update(copy_a=copy_a, copy_b=copy_b)
-    launch["c_pointers"] = (meta.N * meta.dtype.itemsize) % tuning.c_store_alignment != 0  # N: C's row stride
+    c_rows_aligned = (meta.N * meta.dtype.itemsize) % tuning.c_store_alignment == 0  # N: C's row stride
+    launch["c_pointers"] = not (c_rows_aligned and meta.c_address_aligned)
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
         launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)
     return _plan(meta, TMA, tuning, **launch)

@@ -18,7 +18,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import ops
 from ops.linear_cross_entropy.kernels import linear_cross_entropy_kernel
 from ops.linear_cross_entropy.op import describe, linear_cross_entropy_with_tuning
-from ops.linear_cross_entropy.plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, TUNING, WIDENED, Meta, choose_plan
+from ops.linear_cross_entropy.plan import (
+    FLOAT32,
+    FLOAT32_TRACED,
+    IN_OUTPUT,
+    TK_GEMM,
+    TORCH_GEMM,
+    TUNING,
+    WIDENED,
+    Meta,
+    choose_plan,
+)
+from ops.matmul import launch as matmul_launch
+from ops.matmul import plan as matmul_plan
+from ops.matmul.kernels import matmul_kernel, matmul_tma_kernel
 from ops.runtime import H100, INTERPRETER, launcher
 
 tk = torch.ops.tk
@@ -155,6 +168,39 @@ def test_a_16bit_weight_gradient_summed_in_float32_when_asked(dtype):
     x, weight, target, bias = make_case(37, 16, 37, "cpu", dtype)
     assert choose_plan(describe(x, weight, "mean", 0.0, weight_grad=True), tuning).weight_sum == WIDENED
     check_against_float64(x, weight, target, bias, tuning, reduction="mean")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_the_weight_gradient_summed_by_tk_s_matmul(monkeypatch, dtype, reduction):
+    """tk_weight_gemm on the interpreter: each chunk's dlogits^T @ x_c written, then added, into the
+    gradient by tk's matmul (ops.matmul.op.product_into) in its epilogue; planned as a GPU with TMA
+    descriptors would, 16-bit operands take the TMA kernel (V = 300, H = 136: 15 tiles of 64 x 64), the
+    others the pointer kernel.  Every gradient against float64."""
+    seen, launcher_ = [], matmul_launch.launcher
+
+    def recording(kernel, like):
+        launch = launcher_(kernel, like)
+
+        class Recorded:
+            def __getitem__(self, grid):
+                def run(*args, **flags):
+                    seen.append((kernel, flags.get("ACCUMULATE")))
+                    return launch[grid](*args, **flags)
+
+                return run
+
+        return Recorded()
+
+    monkeypatch.setattr(matmul_launch, "launcher", recording)
+    monkeypatch.setattr(matmul_plan, "tma_available", lambda device: True)
+    tuning = SMALL_CHUNKS.with_cpu(tk_weight_gemm=True)
+    x, weight, target, bias = make_case(37, 136, 300, "cpu", dtype)
+    plan = choose_plan(describe(x, weight, reduction, 0.0, x_grad=True, weight_grad=True), tuning)
+    assert (plan.chunks, plan.weight_sum, plan.weight_gemm) == (5, IN_OUTPUT, TK_GEMM)
+    check_against_float64(x, weight, target, bias, tuning, reduction=reduction)
+    kernel = matmul_tma_kernel if dtype in (torch.float16, torch.bfloat16) else matmul_kernel
+    assert seen == [(kernel, False)] + [(kernel, True)] * 4, seen  # one GEMM a chunk: the first writes
 
 
 class _GemmShapes(TorchDispatchMode):
@@ -678,9 +724,17 @@ def test_the_chunk_rule_on_an_h100():
         plan = plan_for(n_rows, hidden, vocab)
         assert (plan.chunk_rows, plan.chunks) == expected, (n_rows, hidden, vocab)
         assert plan.chunk_rows <= max(1024, 0.71 * hidden) and (plan.chunks - 1) * plan.chunk_rows < n_rows
-        assert plan.weight_sum == IN_OUTPUT
+        assert (plan.weight_sum, plan.weight_gemm) == (IN_OUTPUT, TORCH_GEMM)  # cuBLAS's addmm: measured faster
         assert plan_for(n_rows, hidden, vocab, tuning=FLOAT32_SUM).weight_sum == (FLOAT32 if plan.chunks > 1 else IN_OUTPUT)
         assert (plan.tile.rows, plan.tile.block, plan.tile.warps) == (1, 4096, 16)
+    # tk's GEMM for the weight gradient, where asked: 16-bit weights summed in themselves, eagerly, on Hopper.
+    tk_gemm = replace(TUNING, tk_weight_gemm=replace(TUNING.tk_weight_gemm, cuda=True))
+    assert plan_for(8191, 4096, 128256, tuning=tk_gemm).weight_gemm == TK_GEMM
+    assert plan_for(8191, 4096, 128256, torch.float32, tuning=tk_gemm).weight_gemm == TORCH_GEMM
+    assert plan_for(8191, 4096, 128256, eager=False, tuning=tk_gemm).weight_gemm == TORCH_GEMM
+    assert plan_for(8191, 4096, 128256, facts=replace(H100, capability=(8, 0)), tuning=tk_gemm).weight_gemm == TORCH_GEMM
+    assert plan_for(8191, 4096, 128256, facts=INTERPRETER, tuning=tk_gemm).weight_gemm == TORCH_GEMM
+    assert plan_for(8191, 4096, 128256, tuning=replace(tk_gemm, float32_weight_sum=True)).weight_gemm == TORCH_GEMM
     assert plan_for(8191, 4096, 128256, torch.float32, tuning=FLOAT32_SUM).weight_sum == IN_OUTPUT  # float32 weights
     assert plan_for(8191, 4096, 128256, facts=INTERPRETER, tuning=FLOAT32_SUM).weight_sum == WIDENED
     assert plan_for(8191, 4096, 128256, eager=False, tuning=FLOAT32_SUM).weight_sum == FLOAT32_TRACED  # for Inductor

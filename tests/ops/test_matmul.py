@@ -24,9 +24,11 @@ from ops.matmul.kernels import (
     matmul_kernel_autotuned,
     matmul_tma_kernel,
     matmul_tma_kernel_autotuned,
+    matmul_kernel_accumulating,
+    matmul_tma_kernel_accumulating,
     split_k_sum_kernel,
 )
-from ops.matmul.op import backward, forward
+from ops.matmul.op import backward, forward, product_into
 from ops.matmul.plan import (
     POINTER,
     TMA,
@@ -391,6 +393,99 @@ def test_an_operand_copied_whole_comes_out_row_major(launches, monkeypatch, dtyp
     assert any(kernel is matmul_tma_kernel and flags["B_COLUMN_MAJOR"] is False for kernel, flags in launches)
     assert_close(grad_x, matmul_reference(grad, w.t()), dtype)
     assert_close(grad_w, matmul_reference(x.t(), grad), dtype)
+
+
+# ------------------------------------------------- product_into: out = a @ b, out += a @ b
+
+
+def _into_operands(M, N, K, dtype, device="cpu"):
+    """a, b, and an out whose values are as large as the product's (K ** 0.5): a term left out shows."""
+    a = torch.randn(M, K, dtype=dtype, device=device)
+    b = torch.randn(K, N, dtype=dtype, device=device)
+    return a, b, (torch.randn(M, N, device=device) * max(K, 1) ** 0.5).to(dtype)
+
+
+def _copy(t):
+    """A contiguous copy of t as many elements into its storage as t is (a clone would start aligned)."""
+    start = t.storage_offset()
+    copy = torch.empty(start + t.numel(), dtype=t.dtype, device=t.device)[start:].view(t.shape)
+    return copy.copy_(t)
+
+
+def _check_into(a, b, out, dtype):
+    """product_into writes a @ b into a copy of out, then adds it to another, both against float64."""
+    product = matmul_reference(a, b)
+    written = _copy(out)
+    assert product_into(written, a, b, accumulate=False) is written
+    assert_close(written, product, dtype)
+    added = _copy(out)
+    assert product_into(added, a, b, accumulate=True) is added
+    assert_close(added, out.double() + product, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_product_into_writes_or_adds_in_every_design(launches, monkeypatch, dtype):
+    """out = a @ b and out += a @ b through each design, in the interpreter: the pointer kernel; K split,
+    where the slice sum adds out; the TMA kernel (16-bit: planned as a GPU with TMA would), storing through
+    its descriptor, and through pointers where out's rows or its start are not 16-byte aligned; K = 0."""
+    monkeypatch.setattr(matmul_plan, "tma_available", lambda device: True)
+    for M, N, K in [(100, 70, 40), (20, 70, 1000), (136, 600, 72), (136, 517, 72), (20, 70, 0)]:
+        _check_into(*_into_operands(M, N, K, dtype), dtype)
+    a, b, out = _into_operands(136, 600, 72, dtype)
+    _check_into(a, b, torch.empty(out.numel() + 1, dtype=dtype)[1:].view(out.shape).copy_(out), dtype)  # 2 or 4 bytes in
+    kernels = [(kernel, flags.get("ACCUMULATE"), flags.get("C_POINTERS")) for kernel, flags in launches]
+    designs = {kernel for kernel, _, _ in kernels}
+    assert (split_k_sum_kernel, True, None) in kernels  # the split's sum added out
+    assert {flags["SPLIT_K"] for kernel, flags in launches if kernel is split_k_sum_kernel} == {4}  # 20x70x1000
+    if dtype == torch.bfloat16:
+        # descriptor store, pointer store (N = 517), pointer store (out 2 bytes in), each writing then adding
+        tma = [(accumulate, pointers) for kernel, accumulate, pointers in kernels if kernel is matmul_tma_kernel]
+        assert tma == [(False, False), (True, False), (False, True), (True, True), (False, True), (True, True)], tma
+    else:
+        assert matmul_tma_kernel not in designs  # 16-bit operands only
+
+
+def test_product_into_rejects_what_it_cannot_write():
+    a, b, out = _into_operands(8, 6, 4, torch.float32)
+    with pytest.raises(ValueError, match="out must be a contiguous \\(8, 6\\) tensor"):
+        product_into(out.t().contiguous().t(), a, b, accumulate=True)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        product_into(out[:, :5], a, b[:, :5].contiguous()[:, :4], accumulate=True)
+    with pytest.raises(TypeError, match="a has dtype torch.float32 but out has dtype torch.float64"):
+        product_into(out.double(), a, b, accumulate=True)
+    with pytest.raises(ValueError, match="inner dimensions 4 and 5 differ"):
+        product_into(out, a, torch.randn(5, 6), accumulate=True)
+    square = torch.randn(6, 6)
+    with pytest.raises(ValueError, match="out shares memory with a"):
+        product_into(square, square, torch.randn(6, 6), accumulate=True)
+    with pytest.raises(ValueError, match="out shares memory with b"):
+        product_into(square, torch.randn(6, 6), square.t(), accumulate=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_product_into_on_the_gpu(launches, dtype):
+    """A weight gradient summed over chunks, as the fused loss sums it: out = a_1 @ b_1, then += a_i @ b_i,
+    with a column-major (dlogits^T); the TMA kernel storing through its descriptor, then through pointers
+    where N is odd and where out starts 2 bytes in; against float64 and against cuBLAS's addmm."""
+    M, K = 2312, 1000
+    for N, shift in [(2120, 0), (2117, 0), (2120, 1)]:
+        out = torch.empty(M * N + shift, device="cuda", dtype=dtype)[shift:].view(M, N)
+        total = torch.zeros(M, N, device="cuda", dtype=torch.float64)
+        cublas = torch.empty(M, N, device="cuda", dtype=dtype)
+        for chunk in range(3):
+            a = torch.randn(K, M, device="cuda", dtype=dtype).t()  # column-major, as dlogits.t()
+            b = torch.randn(N, K, device="cuda", dtype=dtype).t() if N % 8 else torch.randn(K, N, device="cuda", dtype=dtype)
+            product_into(out, a, b, accumulate=chunk > 0)
+            torch.addmm(cublas, a, b, beta=1 if chunk else 0, out=cublas)
+            total += matmul_reference(a, b)
+            assert_close(out, total, dtype)
+        assert_close(out, cublas.double(), dtype)
+    if torch.cuda.get_device_capability()[0] >= 9:  # each sum: written, then added twice (a tuner of its own)
+        tuned = {matmul_tma_kernel_autotuned: "write", matmul_tma_kernel_accumulating: "add"}
+        tma = [(tuned[k], f["ACCUMULATE"], f["C_POINTERS"]) for k, f in launches if k in tuned]
+        sums = [[("write", False, pointers), ("add", True, pointers), ("add", True, pointers)] for pointers in (False, True, True)]
+        assert tma == sums[0] + sums[1] + sums[2], tma
 
 
 @pytest.mark.gpu

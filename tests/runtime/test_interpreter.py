@@ -40,7 +40,7 @@ _CPU_THEN_CUDA_FRONT_END = textwrap.dedent(
     # The front end of a CUDA compile (Triton source to IR) needs no GPU.
     signature = {name: "i32" for name in matmul_kernel.arg_names}
     signature.update(a_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16")
-    constants = dict(ALLOW_TF32=False, UPCAST_OPERANDS=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
+    constants = dict(ALLOW_TF32=False, UPCAST_OPERANDS=False, ACCUMULATE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8)
     constants.update({name: 1 for name in matmul_kernel.arg_names if name.endswith("_MULTIPLE")})
     signature.update({name: "constexpr" for name in constants})
     target = GPUTarget("cuda", 90, 32)
