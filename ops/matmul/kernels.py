@@ -128,9 +128,10 @@ _KEEP_CHOICE = {"cache_results": True} if "cache_results" in inspect.signature(t
 LAYOUT_KEY = ["AR_MULTIPLE", "AC_MULTIPLE", "BR_MULTIPLE", "BC_MULTIPLE"]
 MATMUL_KEY = ["M", "N", "K", "SPLIT_K", "GROUP_M", "ACCUMULATE", *LAYOUT_KEY]  # (ACCUMULATE: the choices kept on disk)
 matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=MATMUL_KEY, **_KEEP_CHOICE)(matmul_kernel)
-# The kernel that adds into C (ACCUMULATE) is tuned apart: C is copied before the autotuner times the configs
-# and restored after each (restore_value), which every timed run would otherwise add to once more.  That copy
-# (C's size, on a shape's first call) is spared the calls that write a new C.
+# The kernel that adds into C (ACCUMULATE) is tuned apart, with restore_value: the autotuner copies C before
+# each timed run of a config and copies it back after (every run would otherwise add once more).  Those copies
+# fall inside the timed calls (Triton's _bench), the same for every config; they are spared the calls that
+# write a new C, and run on a shape's first call only.
 matmul_kernel_accumulating = triton.autotune(
     configs=CONFIGS, key=MATMUL_KEY, restore_value=["c_ptr"], **_KEEP_CHOICE
 )(matmul_kernel)

@@ -48,7 +48,7 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     else:  # the tiles go to slices of a workspace in the accumulator's dtype, summed into c below
         out = torch.empty((split, *c.shape), dtype=plan.accumulator, device=a.device)
         slice_stride = c.numel()
-    # c is new and contiguous, so each workspace slice has c's strides.
+    # c is contiguous (new, or a caller's `out`, which op.py checked), so each workspace slice has c's strides.
     strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
     flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands, "GROUP_M": plan.group_m}
     flags["ACCUMULATE"] = accumulate and split == 1  # a split K's slice sum adds C instead
@@ -95,7 +95,8 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a
         a = aligned_copy(a, plan.a_layout.leading_stride)
     if plan.copy_b:
         b = aligned_copy(b, plan.b_layout.leading_stride)
-    args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, c.stride(0))
+    # C's row stride is N: c is contiguous.  (Not c.stride(0): a contiguous (1, N) `out` may report any.)
+    args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, N)
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
     flags["C_POINTERS"] = plan.c_pointers
     flags.update(UPCAST_OPERANDS=plan.upcast_operands, ACCUMULATE=accumulate, GROUP_M=plan.group_m)

@@ -85,6 +85,23 @@ def forward(a: torch.Tensor, b: torch.Tensor, *, tuning: Tuning = TUNING) -> tor
     return run(choose_plan(describe(a, b), tuning), a, b)
 
 
+def _spans_overlap(t: torch.Tensor, u: torch.Tensor) -> bool:
+    """Whether the byte spans t and u cover (first to last element) meet in one storage: a conservative test
+    (two interleaved views of one matrix count as overlapping).  Fake tensors, which have no memory: False."""
+    if is_fake(t) or is_fake(u) or not t.numel() or not u.numel():
+        return False
+    if t.untyped_storage().data_ptr() != u.untyped_storage().data_ptr():
+        return False
+
+    def span(x: torch.Tensor) -> tuple[int, int]:
+        start = x.storage_offset() * x.element_size()
+        last = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
+        return start, start + (last + 1) * x.element_size()
+
+    (t_start, t_end), (u_start, u_end) = span(t), span(u)
+    return t_start < u_end and u_start < t_end
+
+
 def product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumulate: bool,
                  tuning: Tuning = TUNING) -> torch.Tensor:  # fmt: skip
     """out = a @ b, or out += a @ b (accumulate), in place: ``torch.addmm(out, a, b, beta=1, out=out)``'s
@@ -103,8 +120,8 @@ def product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumul
             f"{tuple(a.shape)} and b of shape {tuple(b.shape)}; got shape {tuple(out.shape)}, strides {out.stride()}"
         )
     for name, t in (("a", a), ("b", b)):  # the kernels read a and b while they write out
-        if t.numel() and out.numel() and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-            raise ValueError(f"tk.matmul: out shares memory with {name}; pass a separate output tensor")
+        if _spans_overlap(out, t):
+            raise ValueError(f"tk.matmul: out's memory overlaps {name}'s; pass a separate output tensor")
     if a.dtype == torch.float64 and on_cuda(a):
         raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
     plan = choose_plan(describe(a, b, out), tuning)

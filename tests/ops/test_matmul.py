@@ -447,19 +447,33 @@ def test_product_into_writes_or_adds_in_every_design(launches, monkeypatch, dtyp
 
 def test_product_into_rejects_what_it_cannot_write():
     a, b, out = _into_operands(8, 6, 4, torch.float32)
-    with pytest.raises(ValueError, match="out must be a contiguous \\(8, 6\\) tensor"):
-        product_into(out.t().contiguous().t(), a, b, accumulate=True)
-    with pytest.raises(ValueError, match="out must be a contiguous"):
-        product_into(out[:, :5], a, b[:, :5].contiguous()[:, :4], accumulate=True)
+    for wrong in (out.t().contiguous().t(), torch.empty(8, 7)[:, :6], torch.empty(8, 5), torch.empty(6, 8)):
+        with pytest.raises(ValueError, match="out must be a contiguous \\(8, 6\\) tensor"):
+            product_into(wrong, a, b, accumulate=True)  # column-major, rows apart, contiguous of other shapes
     with pytest.raises(TypeError, match="a has dtype torch.float32 but out has dtype torch.float64"):
         product_into(out.double(), a, b, accumulate=True)
     with pytest.raises(ValueError, match="inner dimensions 4 and 5 differ"):
         product_into(out, a, torch.randn(5, 6), accumulate=True)
     square = torch.randn(6, 6)
-    with pytest.raises(ValueError, match="out shares memory with a"):
+    with pytest.raises(ValueError, match="out's memory overlaps a's"):
         product_into(square, square, torch.randn(6, 6), accumulate=True)
-    with pytest.raises(ValueError, match="out shares memory with b"):
+    with pytest.raises(ValueError, match="out's memory overlaps b's"):
         product_into(square, torch.randn(6, 6), square.t(), accumulate=True)
+    stacked = torch.randn(3, 6, 6)  # three matrices of one buffer, apart: allowed
+    expected = stacked[0].double() + stacked[1].double() @ stacked[2].double()
+    product_into(stacked[0], stacked[1], stacked[2], accumulate=True)
+    with pytest.raises(ValueError, match="overlaps a's"):
+        product_into(stacked[0], stacked.view(-1, 6)[3:9], stacked[2], accumulate=True)  # half of a's rows are out's
+    assert_close(stacked[0], expected, torch.float32)
+
+
+def test_product_into_takes_fake_tensors():
+    """Fake tensors (a tracer's) have no memory: no overlap is claimed, and nothing is launched."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b, out = torch.randn(8, 4), torch.randn(4, 6), torch.empty(8, 6)
+        assert product_into(out, a, b, accumulate=True) is out
 
 
 @pytest.mark.gpu
