@@ -23,11 +23,11 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import re
 from pathlib import Path
 
 from . import highlight, profiling, report
+from .files import write_atomic
 from .formats import device_label, fmt_time
 from .record import CONFIGS, RESULTS, groups, has_peak_memory
 
@@ -393,12 +393,6 @@ def page(doc: dict, op_dir: Path) -> str:
 
 def write(doc: dict, folder: Path) -> Path:
     path = Path(folder) / HTML_NAME
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(page(doc, folder), encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, page(doc, folder))
     return path
 

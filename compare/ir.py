@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from . import launches as launches_mod
+from .files import write_atomic
 from .launches import GPU, H100, Launch
 
 LEVELS = ("ttir", "ttgir", "llir", "ptx")
@@ -192,10 +193,6 @@ def portable(text: str) -> str:
 _OTHER_CHECKOUT = re.compile(r'(?<=")/[^"\n]*?/(?=(?:ops|compare|examples|tests)/[^"\n]*\.py")')
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # two workers of a split sweep may write the same specialization at once
 
 
 def specialization(launch: Launch, config: dict) -> dict:
@@ -227,18 +224,18 @@ def write_levels(compiled, launch: Launch, config: dict, root: Path, base: Path,
         if isinstance(text, bytes):
             text = text.decode(errors="replace")
         if text:
-            _write(folder / f"{launch.kernel}.{level}", portable(text))
+            write_atomic(folder / f"{launch.kernel}.{level}", portable(text))
             files.append(f"{launch.kernel}.{level}")
     why_no_sass = "not asked for"
     if sass:
         text, why_no_sass = sass_of(compiled)
         if text:
-            _write(folder / f"{launch.kernel}.{SASS}", text)
+            write_atomic(folder / f"{launch.kernel}.{SASS}", text)
             files.append(f"{launch.kernel}.{SASS}")
     about = {"specialization": specialization(launch, config), "compiled": info}
     if SASS not in {f.rsplit(".", 1)[1] for f in files}:
         about["no_sass"] = why_no_sass
-    _write(folder / f"{launch.kernel}.json", json.dumps(about, indent=1, default=str) + "\n")
+    write_atomic(folder / f"{launch.kernel}.json", json.dumps(about, indent=1, default=str) + "\n")
     files.append(f"{launch.kernel}.json")
     return {"folder": str(folder.relative_to(base)), "files": files, "info": info, "config": config}
 
@@ -292,8 +289,8 @@ def op_ir(spec, cases: list[tuple], root: Path, gpu: GPU = H100, sass: bool = Tr
                                "notes": planned.notes})  # fmt: skip
         progress(f"{spec.name} {label}: {len(rows)} launch(es), {time.perf_counter() - started:.1f} s")
     root.mkdir(parents=True, exist_ok=True)
-    _write(root / "index.json", json.dumps(index, indent=1, default=str) + "\n")
-    _write(root / "index.md", index_markdown(index))
+    write_atomic(root / "index.json", json.dumps(index, indent=1, default=str) + "\n")
+    write_atomic(root / "index.md", index_markdown(index))
     return index
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .report import write_atomic
+from .files import write_atomic
 
 CALLS = 5  # calls per trace: enough to see the steady state, small enough to open in a browser
 TOP_ROWS = 15  # rows of key_averages kept for the report

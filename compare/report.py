@@ -12,6 +12,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from . import breakdown
+from .files import write_atomic
 from .formats import device_label, fmt_bytes, fmt_time
 from .record import (CONFIGS, RECORD_FIELDS, RESULTS, TableView, cells, csv_cell, flag_legend, groups,
                      has_peak_memory, titles)
@@ -77,17 +78,6 @@ def _clean(value):
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` whole: a temporary file first, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: no half-written temporary left behind
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_json(doc: dict, folder: Path) -> Path:
