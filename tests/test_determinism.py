@@ -256,7 +256,8 @@ def _matmul_with(config, a, b):
     kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)
     kernel[grid](
         a, b, c, M, N, K, 0, *a.stride(), 0, *b.stride(), 0, *c.stride(), 0, 1,  # no split K
-        ALLOW_TF32=False, UPCAST_OPERANDS=a.device.type != "cuda" and a.dtype == torch.bfloat16, **meta, **options,
+        ALLOW_TF32=False, ACCUMULATE=False, UPCAST_OPERANDS=a.device.type != "cuda" and a.dtype == torch.bfloat16,
+        **meta, **options,
     )  # fmt: skip
     return c
 
@@ -303,7 +304,7 @@ def _matmul_tma_with(config, a, b):
     set_scratch_allocator()
     matmul_module.matmul_tma_kernel[(min(tiles, sm_count(a.device.index)),)](
         a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0),
-        A_COLUMN_MAJOR=False, B_COLUMN_MAJOR=False, C_POINTERS=False, UPCAST_OPERANDS=False,
+        A_COLUMN_MAJOR=False, B_COLUMN_MAJOR=False, C_POINTERS=False, UPCAST_OPERANDS=False, ACCUMULATE=False,
         **meta, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return c
