@@ -3,8 +3,8 @@
 ``run`` walks the rows in the plan's chunks.  For each chunk: its logits x_c @ W^T (+ b) into one
 reused buffer (cuBLAS, through torch), the row kernel over them (its losses, and its gradient in
 place), then the gradient GEMMs: grad_x_c = dlogits_c @ W into grad_x's rows, grad_W += dlogits_c^T
-@ x_c (tk's matmul or cuBLAS, as the plan says), grad_b += the column sums of dlogits_c.  It allocates, launches and sums what the plan
-says, and decides nothing.
+@ x_c (cuBLAS, or tk's matmul where the plan says), grad_b += the column sums of dlogits_c.  It
+allocates, launches and sums what the plan says, and decides nothing.
 """
 
 import torch
@@ -131,7 +131,7 @@ def _add_weight_gradient(
     buffer held is not read), the others add to it, in the way plan.weight_sum names, by the GEMM
     plan.weight_gemm names."""
     beta = 0 if first else 1
-    if plan.weight_sum == IN_OUTPUT and plan.weight_gemm == TK_GEMM:
+    if plan.weight_gemm == TK_GEMM:  # (an IN_OUTPUT sum: the plan takes tk's GEMM for no other)
         product_into(weight_sum, dlogits.t(), x_chunk, accumulate=not first)
     elif plan.weight_sum == IN_OUTPUT:
         torch.addmm(weight_sum, dlogits.t(), x_chunk, beta=beta, out=weight_sum)

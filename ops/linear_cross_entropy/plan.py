@@ -18,8 +18,8 @@ The rules (docs/ops/linear_cross_entropy.md has the reasoning and the curve):
   (at most 0.71 of it) whatever N and V are; below, ``min_chunk_rows`` rows (1024) at least keep
   the weight gradient's sum over the chunks cheap next to the GEMMs.  The N rows are cut into that
   many chunks, evened out and rounded up to ``row_multiple`` rows (so a chunk's rows are a power of
-  two only where N divides evenly: N = 5000 at H 4096 gives three chunks of 1792).  ``Tuning.chunk_rows`` fixes the rows instead (the
-  harness's curve, the tests' ragged chunks).
+  two only where N divides evenly: N = 5000 at H 4096 gives three chunks of 1792).
+  ``Tuning.chunk_rows`` fixes the rows instead (the harness's curve, the tests' ragged chunks).
 * The logits buffer.  Its rows are V columns padded to a whole number of 16-byte runs, so that
   every row starts on a 16-byte boundary for cuBLAS and for the row kernel, whose sweep runs to the
   padded end (the padding columns are read but masked in registers).
@@ -207,6 +207,7 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     vector = _ACCESS_BYTES // meta.element_size
     stride = cdiv(meta.vocab, vector) * vector
     grad = meta.x_grad or meta.weight_grad or meta.bias_grad
+    weight_sum = _weight_sum(meta, chunks, tuning)
     return Plan(
         chunk_rows=rows,
         chunks=chunks,
@@ -221,8 +222,8 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
         x_grad=meta.x_grad,
         weight_grad=meta.weight_grad,
         bias_grad=meta.bias_grad,
-        weight_sum=_weight_sum(meta, chunks, tuning),
-        weight_gemm=_weight_gemm(meta, chunks, tuning),
+        weight_sum=weight_sum,
+        weight_gemm=_weight_gemm(meta, weight_sum, tuning),
         pad_weight=tuning.pad_weight and stride != meta.vocab and meta.n_rows >= tuning.pad_weight_min_rows.on(meta.facts),
     )
 
@@ -262,9 +263,9 @@ def _weight_sum(meta: Meta, chunks: int, tuning: Tuning) -> str:
     return FLOAT32 if meta.eager else FLOAT32_TRACED
 
 
-def _weight_gemm(meta: Meta, chunks: int, tuning: Tuning) -> str:
+def _weight_gemm(meta: Meta, weight_sum: str, tuning: Tuning) -> str:
     """Which GEMM sums an IN_OUTPUT weight gradient (see Tuning.tk_weight_gemm)."""
-    if _weight_sum(meta, chunks, tuning) != IN_OUTPUT or not tuning.tk_weight_gemm.on(meta.facts):
+    if weight_sum != IN_OUTPUT or not tuning.tk_weight_gemm.on(meta.facts):
         return TORCH_GEMM
     if meta.facts.cuda and not (meta.facts.hopper and meta.element_size == 2 and meta.eager):
         return TORCH_GEMM

@@ -72,14 +72,20 @@ def _check_shapes(a: torch.Tensor, b: torch.Tensor) -> int:
     return 1 if batch_b is None else batch_b
 
 
-def forward(a: torch.Tensor, b: torch.Tensor, *, tuning: Tuning = TUNING) -> torch.Tensor:
-    """C = a @ b: checks, then the plan (plan.py), then its launches (launch.py)."""
-    check_tensor("matmul", "a", a, ndims=(2, 3))
-    check_tensor("matmul", "b", b, ndims=(2, 3))
+def _check_operands(a: torch.Tensor, b: torch.Tensor, ndims: tuple[int, ...]) -> int:
+    """The checks of a and b every entry point makes; the batch size."""
+    check_tensor("matmul", "a", a, ndims=ndims)
+    check_tensor("matmul", "b", b, ndims=ndims)
     check_same("matmul", {"a": a, "b": b})
     batch = _check_shapes(a, b)
     if a.dtype == torch.float64 and on_cuda(a):
         raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
+    return batch
+
+
+def forward(a: torch.Tensor, b: torch.Tensor, *, tuning: Tuning = TUNING) -> torch.Tensor:
+    """C = a @ b: checks, then the plan (plan.py), then its launches (launch.py)."""
+    batch = _check_operands(a, b, ndims=(2, 3))
     if on_cuda(a) and batch > 65535:  # the batch is the grid's second axis, at most 65535 programs on CUDA
         raise ValueError(f"tk.matmul: a batch of {batch} matrices is more than a CUDA grid holds (65535); split the batch")
     return run(choose_plan(describe(a, b), tuning), a, b)
@@ -109,11 +115,9 @@ def product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumul
     without a second pass over the sum (the weight gradient of ops/linear_cross_entropy).  2-D a and b;
     `out` contiguous, of a's dtype and the product's shape.  Not a registered op: it mutates `out`, and
     its caller runs it eagerly.  Returns out."""
-    check_tensor("matmul", "a", a, ndims=(2,))
-    check_tensor("matmul", "b", b, ndims=(2,))
+    _check_operands(a, b, ndims=(2,))
     check_tensor("matmul", "out", out, ndims=(2,))
-    check_same("matmul", {"a": a, "b": b, "out": out})
-    _check_shapes(a, b)
+    check_same("matmul", {"a": a, "out": out})
     if tuple(out.shape) != (a.shape[0], b.shape[1]) or not out.is_contiguous():
         raise ValueError(
             f"tk.matmul: out must be a contiguous ({a.shape[0]}, {b.shape[1]}) tensor for a of shape "
@@ -122,8 +126,6 @@ def product_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumul
     for name, t in (("a", a), ("b", b)):  # the kernels read a and b while they write out
         if _spans_overlap(out, t):
             raise ValueError(f"tk.matmul: out's memory overlaps {name}'s; pass a separate output tensor")
-    if a.dtype == torch.float64 and on_cuda(a):
-        raise TypeError("tk.matmul: float64 is supported on CPU tensors only (Triton's tl.dot has no float64 path on CUDA)")
     plan = choose_plan(describe(a, b, out), tuning)
     if torch.compiler.is_compiling() or any(is_fake(t) for t in (out, a, b)):  # handed to the tracer (wrap_triton)
         return run(plan, a, b, out=out, accumulate=accumulate)

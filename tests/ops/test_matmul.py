@@ -454,6 +454,8 @@ def test_product_into_rejects_what_it_cannot_write():
         product_into(out.double(), a, b, accumulate=True)
     with pytest.raises(ValueError, match="inner dimensions 4 and 5 differ"):
         product_into(out, a, torch.randn(5, 6), accumulate=True)
+    with pytest.raises(ValueError, match="a must be 2-D"):  # batches: tk.matmul itself
+        product_into(out, a[None], b, accumulate=True)
     square = torch.randn(6, 6)
     with pytest.raises(ValueError, match="out's memory overlaps a's"):
         product_into(square, square, torch.randn(6, 6), accumulate=True)
