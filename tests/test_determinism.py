@@ -248,9 +248,11 @@ CPU_CONFIGS = [
 def _matmul_with(config, a, b):
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty(M, N, device=a.device, dtype=a.dtype)
+    plan = pointer_plan(describe(a, b), split=1)
+    # C as the plan lays it out (rows padded to 16 bytes on a GPU where N's are not: its Multiples say so)
+    c = torch.empty_strided((M, N), (plan.c_row_stride, 1), device=a.device, dtype=a.dtype)
     meta = {**config.kwargs, "GROUP_M": MATMUL_TUNING.group_m}  # the program order is the plan's, not a config's
-    meta.update(pointer_plan(describe(a, b), split=1).multiples.constexprs())  # the sizes' and strides' multiples
+    meta.update(plan.multiples.constexprs())  # the sizes' and strides' multiples
     grid = (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     kernel = matmul_module.matmul_kernel if a.is_cuda else launcher(matmul_module.matmul_kernel, a)

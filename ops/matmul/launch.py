@@ -24,14 +24,24 @@ from .plan import POINTER, TMA, Plan
 
 
 def run(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False):
-    """C = a @ b, a new contiguous tensor of plan.shape in a's dtype; or written into `out` (contiguous, of
-    that shape and dtype: op.py checked it), or added to it (accumulate).  Returns C."""
-    c = torch.empty(plan.shape, dtype=a.dtype, device=a.device) if out is None else out
+    """C = a @ b, a new tensor of plan.shape in a's dtype, its rows plan.c_row_stride apart (contiguous, or rows
+    padded: plan.py's pad_c_rows); or written into `out` (contiguous, of that shape and dtype: op.py checked
+    it), or added to it (accumulate).  Returns C."""
+    c = _new_c(plan, a) if out is None else out
     if plan.design == TMA:
         _launch_tma(plan, a, b, c, accumulate)
     elif plan.design == POINTER:
         _launch_pointer(plan, a, b, c, accumulate)
     return c  # EMPTY: C has no elements
+
+
+def _new_c(plan: Plan, a: torch.Tensor) -> torch.Tensor:
+    """C uninitialized, rows plan.c_row_stride apart: made by empty_strided, not a view of a wider tensor, so that
+    autograd, in-place ops and Inductor's layouts treat it as any new tensor (its storage ends at its last row's
+    N-th element)."""
+    row = plan.c_row_stride
+    strides = (plan.M * row, row, 1) if len(plan.shape) == 3 else (row, 1)
+    return torch.empty_strided(plan.shape, strides, dtype=a.dtype, device=a.device)
 
 
 def _batched_view(t: torch.Tensor) -> tuple[int, int, int]:
@@ -48,7 +58,8 @@ def _launch_pointer(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     else:  # the tiles go to slices of a workspace in the accumulator's dtype, summed into c below
         out = torch.empty((split, *c.shape), dtype=plan.accumulator, device=a.device)
         slice_stride = c.numel()
-    # c is contiguous (new, or a caller's `out`, which op.py checked), so each workspace slice has c's strides.
+    # With K split c is contiguous (new, or a caller's `out`, which op.py checked), so each workspace slice has
+    # c's strides; a new c's rows may be padded otherwise (plan.c_row_stride), which its strides say.
     strides = (*_batched_view(a), *_batched_view(b), *_batched_view(c), slice_stride, split)
     flags = {"ALLOW_TF32": plan.allow_tf32, "UPCAST_OPERANDS": plan.upcast_operands, "GROUP_M": plan.group_m}
     flags["ACCUMULATE"] = accumulate and split == 1  # a split K's slice sum adds C instead
@@ -95,8 +106,9 @@ def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a
         a = aligned_copy(a, plan.a_layout.leading_stride)
     if plan.copy_b:
         b = aligned_copy(b, plan.b_layout.leading_stride)
-    # C's row stride is N: c is contiguous.  (Not c.stride(0): a contiguous (1, N) `out` may report any.)
-    args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, N)
+    # C's row stride is the plan's: N for a contiguous c (not c.stride(0): a contiguous (1, N) `out` may report
+    # any), more for a new c padded.
+    args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, plan.c_row_stride)
     flags = {"A_COLUMN_MAJOR": plan.a_layout.column_major, "B_COLUMN_MAJOR": plan.b_layout.column_major}
     flags["C_POINTERS"] = plan.c_pointers
     flags.update(UPCAST_OPERANDS=plan.upcast_operands, ACCUMULATE=accumulate, GROUP_M=plan.group_m)

@@ -11,9 +11,16 @@ the plan tries them:
 * TMA: 2-D float16 / bfloat16 on Hopper or newer, at least one large tile per
   SM, operands a TMA descriptor can describe (or copied into rows it can, on
   problems large enough to pay for the copy), and K not split; C stored through
-  pointers where its rows are not 16-byte aligned (an LM head's odd vocabulary).
+  pointers where its rows are not 16-byte aligned (a caller's `out`; see below).
 * POINTER: everything else (batches, float32, float64, strided operands,
   older GPUs).
+
+A new C on a GPU whose rows are not a whole number of 16-byte runs (N s not a
+multiple of 16: an LM head's odd vocabulary) is made with each row padded to
+16 bytes, its strides (N', 1) with N' > N, unless K is split; the kernels then
+store it 16 bytes an access, the TMA kernel through a descriptor.  The result
+is that (M, N) tensor, not contiguous (``Tuning.pad_c_rows``), as
+torch.compile's is (Inductor's pad_mm).
 
 On a GPU the autotuner picks the tile from kernels.py's lists (``CONFIGS``,
 ``TMA_CONFIGS``); the interpreter takes a fixed tile.  docs/ops/matmul.md has
@@ -28,7 +35,7 @@ import torch
 from ..blocks.alignment import column_multiple
 from ..blocks.elementwise import elementwise_config
 from ..blocks.sizes import cdiv
-from ..runtime import DeviceFacts, device_facts, is_fake, tma_available
+from ..runtime import ByKind, DeviceFacts, device_facts, is_fake, tma_available
 
 EMPTY, POINTER, TMA = "empty", "pointer", "tma"
 
@@ -93,6 +100,14 @@ class Tuning:
     # pointers elsewhere.  TMA_ALIGNMENT is the hardware's floor; the harness's tk-c-pointers variant raises it
     # to 128 (a cache line) to time the pointer store against TMA's on rows that are 16- but not 128-aligned.
     c_store_alignment: int = TMA_ALIGNMENT
+    # A new C whose rows are not a whole number of TMA_ALIGNMENT-byte runs (N s not a multiple of 16: GPT-2's LM
+    # head, N = 50257) gets rows padded to 16 bytes, strides (N', 1) (torch.empty_strided: not a view, so autograd
+    # and in-place ops treat it as any other result), unless K is split.  The TMA kernel then stores it through a
+    # descriptor, the pointer kernel 16 bytes an access.  torch.compile returns the same layout (Inductor's pad_mm:
+    # the product of a padded weight, reinterpreted as (M, N) with row stride N').  Contiguous, the head's C went
+    # through masked pointers one element an access: 8191x50257x768 at 0.45x compile's (perf-notes version 52).
+    # The harness's tk-contiguous-c times that beside.  Off on the interpreter, where tests turn it on.
+    pad_c_rows: ByKind[bool] = ByKind(cuda=True, cpu=False)
     # An operand no descriptor can describe (rows not 16-byte aligned: b (K, N) row-major with N odd, whose
     # 8191x50257x768 ran the pointer kernel at 0.26x cuBLAS, perf-notes version 47) is copied into rows that
     # are, and the TMA kernel reads the copy, where the GEMM's other side (M for b, N for a) is at least this.
@@ -127,6 +142,7 @@ class Meta:
     facts: DeviceFacts
     tma_descriptors: bool  # Triton can build TMA descriptors on this device (Hopper or newer, a Triton that has them)
     c_address_aligned: bool = True  # C starts on TMA_ALIGNMENT bytes (a new C does; a caller's `out` may not)
+    c_new: bool = True  # C is made by the call (False: a caller's `out`, whose layout is given)
 
     @property
     def M(self) -> int:
@@ -185,25 +201,26 @@ class Multiples:
         return {f"{name}_MULTIPLE": m for name, m in names.items()}
 
 
-def pointer_multiples(meta: Meta, split: int) -> Multiples:
-    """The Multiples of a pointer launch: a's and b's strides as given (a 2-D operand's batch stride 0), C new
-    and contiguous (its workspace slices, when K is split, a whole C apart)."""
-    key = (meta.M, meta.N, meta.K, meta.batch, meta.batched, meta.a.strides, meta.b.strides, split)
+def pointer_multiples(meta: Meta, split: int, tuning: Tuning = TUNING) -> Multiples:
+    """The Multiples of a pointer launch: a's and b's strides as given (a 2-D operand's batch stride 0), C's rows
+    c_row_stride apart, its matrices M of them (its workspace slices, when K is split, a whole C apart)."""
+    row = c_row_stride(meta, split, tuning)
+    key = (meta.M, meta.N, meta.K, meta.batch, meta.batched, meta.a.strides, meta.b.strides, split, row)
     # A plan is made on every Python-path call: the cache saves ~5 µs of divisions a repeat.  Traced sizes
     # (SymInts, under torch.compile's dynamic shapes or opcheck) are not hashable: those are computed.
     plain = all(type(v) is int for v in (*key[:4], *meta.a.strides, *meta.b.strides))
     return _cached_multiples(*key) if plain else _multiples(*key)
 
 
-def _multiples(M, N, K, batch, batched, a_strides, b_strides, split) -> Multiples:
+def _multiples(M, N, K, batch, batched, a_strides, b_strides, split, c_row) -> Multiples:
     def operand(strides) -> tuple[int, int, int]:
         return tuple(column_multiple(s) for s in (strides if len(strides) == 3 else (0, *strides)))
 
-    c_batch = M * N if batched else 0
-    c_slice = M * N * batch if split > 1 else 0
+    c_batch = M * c_row if batched else 0
+    c_slice = M * N * batch if split > 1 else 0  # (K split: C is contiguous, c_row is N)
     return Multiples(
         column_multiple(M), column_multiple(N), column_multiple(K), operand(a_strides), operand(b_strides),
-        (column_multiple(c_batch), column_multiple(N), 1), column_multiple(c_slice),
+        (column_multiple(c_batch), column_multiple(c_row), 1), column_multiple(c_slice),
     )  # fmt: skip
 
 
@@ -223,6 +240,7 @@ class Plan:
     tile: Tile | None = None  # a fixed tile (the interpreter); None: the autotuner picks one of kernels.py's configs
     upcast_operands: bool = False  # bfloat16 in the interpreter (see Tuning.interpreter_tile)
     group_m: int = 8  # rows of tiles a group in the programs' order (Tuning.group_m; 1: row-major)
+    c_row_stride: int = 0  # elements from one of C's rows to the next: N, or N' for a new C padded (pad_c_rows)
     # The pointer kernel.
     multiples: Multiples | None = None  # what its sizes and strides are known to be multiples of
     allow_tf32: bool = False
@@ -253,6 +271,7 @@ def describe(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) 
         facts=device_facts(a.device),
         tma_descriptors=tma_descriptors,
         c_address_aligned=out is None or _starts_aligned(_operand(out, tma_descriptors), out.element_size()),
+        c_new=out is None,
     )
 
 
@@ -355,8 +374,19 @@ def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
         tile=tuning.interpreter_tile if interpreted else None,
         upcast_operands=interpreted and meta.dtype == torch.bfloat16,
         group_m=tuning.group_m,
+        c_row_stride=c_row_stride(meta, launch.get("split", 1), tuning),
         **launch,
     )  # fmt: skip
+
+
+def c_row_stride(meta: Meta, split: int, tuning: Tuning = TUNING) -> int:
+    """C's row stride in elements (Tuning.pad_c_rows): N, or N padded to whole TMA_ALIGNMENT-byte runs for a new
+    C on a device that pads, K not split (the slice sum walks C as one flat run).  A function of sizes and the
+    device alone, never of addresses: a traced call plans it as the real one does, and the strides agree."""
+    size = meta.dtype.itemsize
+    if (meta.N * size) % TMA_ALIGNMENT and meta.c_new and split == 1 and tuning.pad_c_rows.on(meta.facts):
+        return _aligned_row(meta.N, size)
+    return meta.N
 
 
 def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
@@ -364,7 +394,7 @@ def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
     launch = {
         "allow_tf32": meta.dtype == torch.float32 and meta.tf32_allowed,
         "split": split,
-        "multiples": pointer_multiples(meta, split),
+        "multiples": pointer_multiples(meta, split, tuning),
     }
     if split > 1:  # slices of a workspace in the accumulator's dtype, summed into C by the elementwise rule
         sum_block, sum_warps = elementwise_config(meta.M * meta.N * meta.batch, torch.device(meta.facts.kind))
@@ -378,7 +408,7 @@ def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, copy_a: bool = Fals
     """The TMA kernel on a persistent grid of one program per SM (reading aligned copies of a or b where told)."""
     launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
     launch.update(copy_a=copy_a, copy_b=copy_b)
-    c_rows_aligned = (meta.N * meta.dtype.itemsize) % tuning.c_store_alignment == 0  # N: C's row stride
+    c_rows_aligned = (c_row_stride(meta, 1, tuning) * meta.dtype.itemsize) % tuning.c_store_alignment == 0
     launch["c_pointers"] = not (c_rows_aligned and meta.c_address_aligned)
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
         launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)

@@ -5,7 +5,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from ..runtime import run_direct
+from ..runtime import ByKind, run_direct
 from ..spec import OpSpec, model, register_spec
 from .kernels import CONFIGS, TMA_CONFIGS
 from .launch import run
@@ -63,6 +63,9 @@ ROW_MAJOR = replace(TUNING, group_m=1)
 # C stored through pointers unless its rows are 128-byte aligned (Tuning.c_store_alignment): on N = 5000 (rows
 # 10000 bytes apart, 16- but not 128-aligned), is TMA's store or the pointer store faster?
 C_POINTERS_UNLESS_128 = replace(TUNING, c_store_alignment=128)
+# A new C contiguous where its rows are not whole 16-byte runs, stored through pointers (GPT-2's LM head,
+# N = 50257): as before Tuning.pad_c_rows.
+CONTIGUOUS_C = replace(TUNING, pad_c_rows=ByKind(cuda=False, cpu=False))
 # No aligned copy of an operand no descriptor describes (Tuning.operand_copy_min): the pointer kernel instead,
 # as before the copies (GPT-2's head with b (K, N) row-major, 8191x50257x768: 0.26x cuBLAS then).
 NO_OPERAND_COPIES = replace(TUNING, operand_copy_min=1 << 62, interpreter_operand_copy_min=1 << 62)
@@ -110,7 +113,7 @@ register_spec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
         tk_plans={"tk-row-major": _planned(ROW_MAJOR), "tk-c-pointers": _planned(C_POINTERS_UNLESS_128),
-                  "tk-no-copies": _planned(NO_OPERAND_COPIES)},  # fmt: skip
+                  "tk-no-copies": _planned(NO_OPERAND_COPIES), "tk-contiguous-c": _planned(CONTIGUOUS_C)},  # fmt: skip
         configs=_configs,
         reference=torch.matmul,
         make_inputs=_make_inputs,

@@ -43,7 +43,7 @@ from ops.matmul.plan import (
     tma_layout,
 )
 from ops.matmul.spec import ROW_MAJOR, with_config
-from ops.runtime import H100, DeviceFacts, launcher, tma_available
+from ops.runtime import H100, INTERPRETER, ByKind, DeviceFacts, launcher, tma_available
 from ops.spec import SPECS
 
 
@@ -184,11 +184,21 @@ def test_matmul_plans_for_an_h100():
     assert (large.tile, large.upcast_operands) == (None, False)  # the autotuner's configs
     assert plan(2048, 2048, 2048, dtype=torch.float16).design == TMA
     assert not large.c_pointers  # C's rows 4096 bytes apart: stored by the TMA unit
-    # GPT-2's LM head, b = W.t(): both operands describable, C's rows 100514 bytes apart (2-byte aligned)
+    assert large.c_row_stride == 2048  # contiguous
+    # GPT-2's LM head, b = W.t(): both operands describable; C's rows of 50257 (100514 bytes, 2-byte aligned) are
+    # padded to 50264 (Tuning.pad_c_rows), so the TMA unit stores them too.
     tokens, weight = (torch.empty(n, 768, device="meta", dtype=torch.bfloat16) for n in (8191, 50257))
     head = choose_plan(on(H100, tokens, weight.t()))
-    assert (head.design, head.c_pointers, head.b_layout) == (TMA, True, Layout(True, 768))
+    assert (head.design, head.c_pointers, head.c_row_stride, head.b_layout) == (TMA, False, 50264, Layout(True, 768))
     assert not (head.copy_a or head.copy_b)
+    unpadded = choose_plan(on(H100, tokens, weight.t()), Tuning(pad_c_rows=ByKind(cuda=False, cpu=False)))
+    assert (unpadded.c_pointers, unpadded.c_row_stride) == (True, 50257)  # contiguous: through pointers
+    given = choose_plan(replace(on(H100, tokens, weight.t()), c_new=False))  # a caller's `out` keeps its layout
+    assert (given.c_pointers, given.c_row_stride) == (True, 50257)
+    assert plan(1000, 4001, 768).c_row_stride == 4008  # the pointer kernel's new C is padded too
+    assert plan(1000, 4001, 768, dtype=torch.float32).c_row_stride == 4004  # 16 bytes: 4 float32 elements
+    assert plan(16, 4001, 4096).split > 1 and plan(16, 4001, 4096).c_row_stride == 4001  # the slice sum: contiguous
+    assert plan(64, 4001, 768, facts=INTERPRETER).c_row_stride == 4001  # off on the interpreter
     # The same head with b (K, N) contiguous: b's rows are 2-byte aligned too, so no descriptor reads it as it
     # is; 8191 rows of C pay for a copy of b with its rows padded to 50264 columns (Tuning.operand_copy_min).
     copied = choose_plan(on(H100, *meta_tensors(8191, 50257, 768)))
@@ -354,6 +364,47 @@ def test_matmul_tma_kernel_stores_c_through_pointers_where_its_rows_are_misalign
         assert c.is_contiguous()
         assert_close(c, matmul_reference(a, b), dtype)
     assert [flags["C_POINTERS"] for kernel, flags in launches] == [True, True]
+
+
+# Tuning.pad_c_rows as the GPU's, on the interpreter.
+PADDED_C = Tuning(pad_c_rows=ByKind(cuda=True, cpu=True))
+
+
+def _assert_padded(c, shape, row_stride):
+    """c has `shape`, rows `row_stride` apart, and is no view of a wider tensor: its storage ends at its last
+    element (what torch.empty_strided allocates)."""
+    assert tuple(c.shape) == shape and c.stride()[-2:] == (row_stride, 1) and not c._is_view()
+    last = sum((n - 1) * stride for n, stride in zip(c.shape, c.stride()))
+    assert c.untyped_storage().nbytes() == (last + 1) * c.element_size()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_new_c_with_rows_off_16_byte_runs_is_padded(launches, dtype):
+    """Tuning.pad_c_rows: a new C whose rows are not whole 16-byte runs gets rows padded to 16 bytes, written by
+    the TMA kernel through its descriptor (an LM head scaled down: b = W.t(), N odd) and by the pointer kernel
+    (2-D, batched, and with K split, where C stays contiguous), each against float64."""
+    per_run = 16 // torch.empty((), dtype=dtype).element_size()
+    padded_n = -(-517 // per_run) * per_run
+    a, weight = torch.randn(203, 72, dtype=dtype), torch.randn(517, 72, dtype=dtype)
+    if dtype != torch.float32:  # the TMA kernel takes 16-bit operands
+        plan = choose_plan(with_tma(a, weight.t()), PADDED_C)
+        assert plan.design == TMA and not plan.c_pointers and plan.c_row_stride == padded_n, plan
+        c = matmul_launch.run(plan, a, weight.t())
+        _assert_padded(c, (203, 517), padded_n)
+        assert_close(c, matmul_reference(a, weight.t()), dtype)
+        assert [flags["C_POINTERS"] for kernel, flags in launches] == [False]
+    for a_ in (a, torch.randn(3, 203, 72, dtype=dtype)):  # the pointer kernel, 2-D and batched
+        c = forward(a_, weight.t(), tuning=PADDED_C)
+        _assert_padded(c, (*a_.shape[:-1], 517), padded_n)
+        assert_close(c, matmul_reference(a_, weight.t()), dtype)
+    deep, narrow = torch.randn(5, 1000, dtype=dtype), torch.randn(1000, 61, dtype=dtype)
+    split = choose_plan(describe(deep, narrow), PADDED_C)
+    assert split.split > 1 and split.c_row_stride == 61  # K split: the slice sum walks C as one run
+    c = forward(deep, narrow, tuning=PADDED_C)
+    assert c.is_contiguous()
+    assert_close(c, matmul_reference(deep, narrow), dtype)
+    aligned = torch.randn(72, 8 * per_run, dtype=dtype)  # rows already whole runs: contiguous, not padded
+    assert forward(a, aligned, tuning=PADDED_C).is_contiguous()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -529,18 +580,27 @@ def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_an_lm_head_with_an_odd_vocabulary_takes_the_tma_kernel_on_the_gpu(launches, dtype):
-    """Hopper and newer: x @ W.t() with N odd reads both operands through descriptors and stores C through
-    pointers, eager and compiled; tiles cut in M and N."""
+    """Hopper and newer: x @ W.t() with N odd reads both operands through descriptors and stores C, its rows
+    padded to 16 bytes (Tuning.pad_c_rows), through a descriptor too, eager and compiled with the same strides;
+    tiles cut in M and N.  The padded result takes an in-place op and a backward like any other."""
     if not tma_available(torch.device("cuda")):
         pytest.skip("needs a GPU with TMA (Hopper or newer)")
-    x = torch.randn(2311, 768, device="cuda", dtype=dtype)
-    weight = torch.randn(4001, 768, device="cuda", dtype=dtype)
+    x = torch.randn(2311, 768, device="cuda", dtype=dtype, requires_grad=True)
+    weight = torch.randn(4001, 768, device="cuda", dtype=dtype, requires_grad=True)
     compiled = torch.compile(lambda x, w: torch.ops.tk.matmul(x, w.t()), fullgraph=True)
     for c in (torch.ops.tk.matmul(x, weight.t()), compiled(x, weight)):
-        assert c.is_contiguous()
-        assert_close(c, matmul_reference(x, weight.t()), dtype)
+        assert c.stride() == (4008, 1) and not c._is_view()
+        assert_close(c, matmul_reference(x.detach(), weight.detach().t()), dtype)
     pointers = [flags["C_POINTERS"] for kernel, flags in launches if "C_POINTERS" in flags]
-    assert pointers and all(pointers), pointers
+    assert pointers and not any(pointers), pointers
+    grad = torch.randn(2311, 4001, device="cuda", dtype=dtype)
+    c = torch.ops.tk.matmul(x, weight.t())
+    c.mul_(2.0)  # in place on the padded result, under autograd
+    c.backward(grad)
+    x64, w64 = leaf64(x), leaf64(weight)
+    (x64 @ w64.t() * 2.0).backward(grad.double())
+    assert_close(x.grad, x64.grad, dtype)
+    assert_close(weight.grad, w64.grad, dtype)
 
 
 @pytest.mark.gpu
@@ -556,8 +616,9 @@ def test_an_lm_head_stored_k_by_n_takes_the_tma_kernel_through_a_copy_on_the_gpu
     assert choose_plan(describe(x, weight)).copy_b
     compiled = torch.compile(lambda x, w: torch.ops.tk.matmul(x, w), fullgraph=True)
     for c in (torch.ops.tk.matmul(x, weight), compiled(x, weight)):
+        assert c.stride() == (4008, 1)  # C's rows padded to 16 bytes (Tuning.pad_c_rows)
         assert_close(c, matmul_reference(x.detach(), weight.detach()), dtype)
-    assert any(flags.get("C_POINTERS") for kernel, flags in launches), launches
+    assert not any(flags.get("C_POINTERS") for kernel, flags in launches), launches
     grad = torch.randn(4100, 4001, device="cuda", dtype=dtype)
     grad_x, grad_w = torch.autograd.grad(torch.ops.tk.matmul(x, weight), (x, weight), grad)
     assert_close(grad_x, matmul_reference(grad, weight.detach().t()), dtype)

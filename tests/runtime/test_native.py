@@ -659,8 +659,16 @@ def _cross_entropy_mean():
     return torch.ops.tk.cross_entropy_forward, (logits, target, -100, "mean", 0.0, None)
 
 
+def _matmul_padded_rows():
+    # an LM head with an odd vocabulary: C's rows padded to 16 bytes (matmul's Tuning.pad_c_rows), strides
+    # (4008, 1), which the replay must allocate as the Python path does
+    x, weight = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16), torch.randn(4001, 512, device="cuda", dtype=torch.bfloat16)
+    return torch.ops.tk.matmul, (x, weight.t())
+
+
 # Calls whose bodies need buffers besides their outputs: (op, args), made when a test asks.
-_LARGE_CALLS = {"matmul 2048^3": _matmul_2048, "cross_entropy mean": _cross_entropy_mean}
+_LARGE_CALLS = {"matmul 2048^3": _matmul_2048, "cross_entropy mean": _cross_entropy_mean,
+                "matmul padded rows": _matmul_padded_rows}  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -679,6 +687,7 @@ def test_calls_with_buffers_besides_their_outputs_are_replayed_from_cpp(case):
         got = _as_list(op(*args))
     assert sum(s["replays"] for s in _native.stats().values()) >= before + 3, f"{case}: not replayed from C++"
     for e, g in zip(expected, got, strict=True):
+        assert g.stride() == e.stride()
         torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
 
 
