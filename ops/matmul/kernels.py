@@ -290,3 +290,25 @@ def split_k_sum_kernel(
     if ACCUMULATE:
         acc += tl.load(c_ptr + offsets, mask=mask, other=0.0).to(acc.dtype)
     tl.store(c_ptr + offsets, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def copy_rows_kernel(
+    src_ptr, dst_ptr, n_rows, n_cols, src_stride, dst_stride,
+    SRC_MULTIPLE: tl.constexpr, DST_MULTIPLE: tl.constexpr, COLS_MULTIPLE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """dst[r, c] = src[r, c] for n_rows rows of n_cols, rows src_stride and dst_stride elements apart, columns
+    adjacent in both: an operand copied into rows a TMA descriptor reads faster (plan.py, Tuning.b_row_bytes).
+    dst's columns past n_cols are left as they are: the kernel that reads the copy is told n_cols.  The strides
+    and n_cols restated as the multiples they are (16 bytes in the cases the plan copies), so that each thread
+    moves 16 bytes an access."""
+    src_stride = known_multiple(src_stride, SRC_MULTIPLE)
+    dst_stride = known_multiple(dst_stride, DST_MULTIPLE)
+    n_cols = known_multiple(n_cols, COLS_MULTIPLE)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]  # int64: rows * stride > 2**31
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < n_rows) & (cols < n_cols)
+    values = tl.load(src_ptr + rows * src_stride + cols, mask=mask)
+    tl.store(dst_ptr + rows * dst_stride + cols, values, mask=mask)
+

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from ..blocks.elementwise import elementwise_grid
 from ..blocks.sizes import cdiv
 from ..runtime import launcher, set_scratch_allocator
+from ..blocks.alignment import column_multiple
 from .kernels import (
+    copy_rows_kernel,
     matmul_kernel,
     matmul_kernel_accumulating,
     matmul_kernel_autotuned,
@@ -100,12 +102,31 @@ def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
     return F.pad(t, (0, pad))
 
 
+def realigned_copy(plan: Plan, b: torch.Tensor) -> torch.Tensor:
+    """b copied, in its layout (row- or column-major), into rows plan.b_layout.leading_stride apart (plan.py,
+    Tuning.b_row_bytes).  The whole new tensor, the copy in its first columns: a new tensor keeps its layout
+    when traced (see aligned_copy), and the matmul kernel reads only the columns it is told of."""
+    source = b.t() if plan.b_layout.column_major else b  # rows of adjacent elements
+    rows, columns = source.shape
+    stride = plan.b_layout.leading_stride
+    copy = torch.empty((rows, stride), dtype=b.dtype, device=b.device)
+    block_r, block_c, warps = plan.realign_tile
+    launcher(copy_rows_kernel, b)[(cdiv(rows, block_r), cdiv(columns, block_c))](
+        source, copy, rows, columns, source.stride(0), stride,
+        SRC_MULTIPLE=column_multiple(source.stride(0)), DST_MULTIPLE=column_multiple(stride),
+        COLS_MULTIPLE=column_multiple(columns), BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+    )  # fmt: skip
+    return copy.t() if plan.b_layout.column_major else copy
+
+
 def _launch_tma(plan: Plan, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
     M, N, K, programs = plan.M, plan.N, plan.K, plan.programs
     if plan.copy_a:
         a = aligned_copy(a, plan.a_layout.leading_stride)
     if plan.copy_b:
         b = aligned_copy(b, plan.b_layout.leading_stride)
+    if plan.realign_b:
+        b = realigned_copy(plan, b)
     # C's row stride is the plan's: N for a contiguous c (not c.stride(0): a contiguous (1, N) `out` may report
     # any), more for a new c padded.
     args = (a, b, c, M, N, K, plan.a_layout.leading_stride, plan.b_layout.leading_stride, plan.c_row_stride)

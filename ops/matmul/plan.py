@@ -34,7 +34,7 @@ import torch
 
 from ..blocks.alignment import column_multiple
 from ..blocks.elementwise import elementwise_config
-from ..blocks.sizes import cdiv
+from ..blocks.sizes import cdiv, next_power_of_2
 from ..runtime import ByKind, DeviceFacts, device_facts, is_fake, tma_available
 
 EMPTY, POINTER, TMA = "empty", "pointer", "tma"
@@ -116,6 +116,17 @@ class Tuning:
     # kernel's rate on LM heads.  The interpreter copies from its tile's size, so that CPU tests take it.
     operand_copy_min: int = 4096
     interpreter_operand_copy_min: int = 64
+    # B described, its rows an odd multiple of 16 bytes apart (N = 5000 row-major: 10000 bytes; K = 3000 column-major:
+    # 6000), slows the TMA kernel's loads of B; a's rows so apart cost nothing (perf-notes version 47).  H100, bf16,
+    # one run (version 52), the kernel on B's rows copied `b_row_bytes` apart: 4096x5000x3072 231 us as it is, 198
+    # at 32-byte rows, 191 at 64, 187.6 at 128 (cuBLAS 178.7); 4000x5000x3000 259 -> 187 (173); column-major at K =
+    # 3000, 249 -> 187.  Such a B is copied (copy_rows_kernel) into rows padded to `b_row_bytes` where M is at least
+    # realign_min: the copy moves 2 K N s bytes, about 565 / M of the kernel's time at 2.3 TB/s against 650 TFLOP/s,
+    # under the 19-28% it saves from M = 3072.  Rows a multiple of 32 bytes apart are left (198 against 187.6 saves
+    # less than the copy costs).
+    b_row_bytes: int = 128
+    realign_min: int = 3072
+    interpreter_realign_min: int = 64
 
 
 TUNING = Tuning()
@@ -255,6 +266,10 @@ class Plan:
     c_pointers: bool = False  # C's rows are not TMA_ALIGNMENT-aligned: stored through masked pointers
     copy_a: bool = False  # the kernel reads a copy of a (b) whose rows are aligned (Tuning.operand_copy_min)
     copy_b: bool = False
+    # b described but its rows an odd multiple of 16 bytes apart: copied, layout kept, into rows b_layout's
+    # leading stride apart (Tuning.b_row_bytes) by copy_rows_kernel, on (rows, columns) tiles of realign_tile.
+    realign_b: bool = False
+    realign_tile: tuple[int, int, int] = (0, 0, 0)  # (BLOCK_R, BLOCK_C, warps)
     store_halves: bool = False  # with a fixed tile; autotuned configs carry their own
     warp_specialize: bool = False
 
@@ -336,6 +351,17 @@ def tma_layout(operand: Operand, element_size: int) -> Layout | None:
     return None
 
 
+def realigned_layout(meta: Meta, layout: Layout, tuning: Tuning = TUNING) -> Layout | None:
+    """The layout of a copy of b with rows Tuning.b_row_bytes apart, where b's rows, as described, are an odd
+    multiple of TMA_ALIGNMENT bytes apart and M is large enough to pay for the copy; None otherwise."""
+    size = meta.dtype.itemsize
+    floor = tuning.realign_min if meta.facts.cuda else tuning.interpreter_realign_min
+    if (layout.leading_stride * size) % (2 * TMA_ALIGNMENT) == 0 or meta.M < floor:
+        return None
+    columns = meta.K if layout.column_major else meta.N  # the copied rows' length
+    return Layout(layout.column_major, _aligned_row(columns, size, tuning.b_row_bytes))
+
+
 def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout, bool, bool] | None:
     """The layouts of a and b for the TMA kernel and whether each is read from an aligned copy, or None where
     the kernel does not apply: no TMA descriptors, batches, split K, 32- and 64-bit operands, small problems,
@@ -360,9 +386,9 @@ def _tma_layouts(meta: Meta, split: int, tuning: Tuning) -> tuple[Layout, Layout
     return None if layout_a is None or layout_b is None else (layout_a, layout_b, copy_a, copy_b)
 
 
-def _aligned_row(columns: int, element_size: int) -> int:
-    """Elements a row of `columns` takes when padded to whole TMA_ALIGNMENT-byte runs."""
-    return cdiv(columns * element_size, TMA_ALIGNMENT) * TMA_ALIGNMENT // element_size
+def _aligned_row(columns: int, element_size: int, alignment: int = TMA_ALIGNMENT) -> int:
+    """Elements a row of `columns` takes when padded to whole `alignment`-byte runs."""
+    return cdiv(columns * element_size, alignment) * alignment // element_size
 
 
 def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
@@ -389,6 +415,14 @@ def c_row_stride(meta: Meta, split: int, tuning: Tuning = TUNING) -> int:
     return meta.N
 
 
+def _copy_tile(rows: int, columns: int, facts: DeviceFacts) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, warps) of copy_rows_kernel over rows x columns: the elementwise rule's block and warps
+    for as many elements, as whole rows of a block of columns (at most the row, rounded up to a power of two)."""
+    block, warps = elementwise_config(rows * columns, torch.device(facts.kind))
+    block_c = min(block, next_power_of_2(columns))
+    return block // block_c, block_c, warps
+
+
 def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
     """The pointer kernel with K in `split` slices (``split_k``'s count, or a test's)."""
     launch = {
@@ -408,6 +442,10 @@ def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, copy_a: bool = Fals
     """The TMA kernel on a persistent grid of one program per SM (reading aligned copies of a or b where told)."""
     launch = {"a_layout": a_layout, "b_layout": b_layout, "programs": programs_at_once(meta.facts, tuning)}
     launch.update(copy_a=copy_a, copy_b=copy_b)
+    realigned = None if copy_b else realigned_layout(meta, b_layout, tuning)
+    if realigned is not None:  # b's rows as described: N of K columns (column-major) or K of N
+        rows, columns = (meta.N, meta.K) if b_layout.column_major else (meta.K, meta.N)
+        launch.update(b_layout=realigned, realign_b=True, realign_tile=_copy_tile(rows, columns, meta.facts))
     c_rows_aligned = (c_row_stride(meta, 1, tuning) * meta.dtype.itemsize) % tuning.c_store_alignment == 0
     launch["c_pointers"] = not (c_rows_aligned and meta.c_address_aligned)
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own

@@ -66,6 +66,9 @@ C_POINTERS_UNLESS_128 = replace(TUNING, c_store_alignment=128)
 # A new C contiguous where its rows are not whole 16-byte runs, stored through pointers (GPT-2's LM head,
 # N = 50257): as before Tuning.pad_c_rows.
 CONTIGUOUS_C = replace(TUNING, pad_c_rows=ByKind(cuda=False, cpu=False))
+# b read as it is described, its rows an odd multiple of 16 bytes apart (N = 5000: 10000 bytes), not from a copy
+# 128 bytes apart (Tuning.b_row_bytes).
+B_AS_DESCRIBED = replace(TUNING, realign_min=1 << 62)
 # No aligned copy of an operand no descriptor describes (Tuning.operand_copy_min): the pointer kernel instead,
 # as before the copies (GPT-2's head with b (K, N) row-major, 8191x50257x768: 0.26x cuBLAS then).
 NO_OPERAND_COPIES = replace(TUNING, operand_copy_min=1 << 62, interpreter_operand_copy_min=1 << 62)
@@ -113,7 +116,8 @@ register_spec(
         name="matmul",
         tk=lambda a, b: torch.ops.tk.matmul(a, b),
         tk_plans={"tk-row-major": _planned(ROW_MAJOR), "tk-c-pointers": _planned(C_POINTERS_UNLESS_128),
-                  "tk-no-copies": _planned(NO_OPERAND_COPIES), "tk-contiguous-c": _planned(CONTIGUOUS_C)},  # fmt: skip
+                  "tk-no-copies": _planned(NO_OPERAND_COPIES), "tk-contiguous-c": _planned(CONTIGUOUS_C),
+                  "tk-b-as-described": _planned(B_AS_DESCRIBED)},  # fmt: skip
         configs=_configs,
         reference=torch.matmul,
         make_inputs=_make_inputs,
