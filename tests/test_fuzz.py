@@ -207,10 +207,11 @@ def check_output(name: str, out, exact, magnitude, dtype, tolerance, same_dtype=
     assert out.shape == exact.shape, f"{name}: shape {tuple(out.shape)}, expected {tuple(exact.shape)}"
     if same_dtype is not None:
         got, want, exact_at = (torch.stack(_nonfinite_pattern(t)) for t in (out, same_dtype, exact))
-        # Where PyTorch's own kernel departs from float64, tk may follow float64 instead (NaN, +inf and -inf all
-        # as float64 has them): torch 2.13's CPU bfloat16 matmul gives NaN across a row whose last column of K
-        # holds inf, where the products are +-inf.
-        follows_float64 = (got == exact_at).all(0) & (want != exact_at).any(0)
+        # Where PyTorch's own kernel departs from a non-finite float64 answer, tk may follow float64 instead (NaN,
+        # +inf and -inf all as float64 has them): torch 2.13's CPU bfloat16 matmul gives NaN across a row whose
+        # last column of K holds inf, where the products are +-inf.  Where float64 is finite and PyTorch's
+        # result overflowed to inf, tk must overflow too.
+        follows_float64 = (got == exact_at).all(0) & exact_at.any(0) & (want != exact_at).any(0)
         for g, w, what in zip(got, want, ("NaN", "+inf", "-inf")):
             assert not bool(((g != w) & ~follows_float64).any()), (
                 f"{name}: {what} at {int(g.sum())} places, PyTorch has {int(w.sum())}"
@@ -248,6 +249,13 @@ def test_nonfinite_values_follow_float64_where_pytorchs_kernel_does_not():
                 out.clone().index_put_((torch.tensor(3), torch.tensor(3)), torch.tensor(float("inf"), dtype=out.dtype))):
         with pytest.raises(AssertionError):
             check_output("forward", bad, exact, magnitude, torch.bfloat16, tolerance, same_dtype=a @ b)
+    # Overflow: float64 finite (76500), PyTorch's float16 inf; tk saturated to a finite 65504 fails.
+    a16, b16 = torch.full((1, 2), 300.0, dtype=torch.float16), torch.full((2, 1), 127.5, dtype=torch.float16)
+    exact16 = a16.double() @ b16.double()
+    assert torch.isinf(a16 @ b16).all() and exact16.item() == 76500
+    with pytest.raises(AssertionError):
+        check_output("forward", torch.full((1, 1), 65504.0, dtype=torch.float16), exact16, exact16,
+                     torch.float16, TOLERANCE[torch.float16], same_dtype=a16 @ b16)  # fmt: skip
 
 
 def pull_back(views64, leaves64, magnitudes):

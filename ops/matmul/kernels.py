@@ -126,7 +126,9 @@ _KEEP_CHOICE = {"cache_results": True} if "cache_results" in inspect.signature(t
 # head's b as W.t() and as a contiguous (K, N) matrix are one (M, N, K) but load differently, and the choice of
 # one is kept on disk for the other otherwise.
 LAYOUT_KEY = ["AR_MULTIPLE", "AC_MULTIPLE", "BR_MULTIPLE", "BC_MULTIPLE"]
-MATMUL_KEY = ["M", "N", "K", "SPLIT_K", "GROUP_M", "ACCUMULATE", *LAYOUT_KEY]  # (ACCUMULATE: the choices kept on disk)
+# C's row multiple too: a new C whose rows are padded (plan.py, Tuning.pad_c_rows) stores 16 bytes an access where
+# a contiguous one of the same N stores one element, and is tuned apart.
+MATMUL_KEY = ["M", "N", "K", "SPLIT_K", "GROUP_M", "ACCUMULATE", *LAYOUT_KEY, "CR_MULTIPLE"]  # (ACCUMULATE: the choices kept on disk)
 matmul_kernel_autotuned = triton.autotune(configs=CONFIGS, key=MATMUL_KEY, **_KEEP_CHOICE)(matmul_kernel)
 # The kernel that adds into C (ACCUMULATE) is tuned apart, with restore_value: the autotuner copies C before
 # each timed run of a config and copies it back after (every run would otherwise add once more).  Those copies
@@ -266,7 +268,10 @@ def distinct_kernels(configs: list, named_args: dict, **kwargs) -> list:
     return kept
 
 
-TMA_KEY = ["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR", "C_POINTERS", "ACCUMULATE"]
+# The operands' and C's row strides too: b read from a realigned copy (Tuning.b_row_bytes) or as it is described,
+# C padded or not, load and store differently for one (M, N, K), and each keeps a choice of its own.
+TMA_KEY = ["M", "N", "K", "GROUP_M", "A_COLUMN_MAJOR", "B_COLUMN_MAJOR", "C_POINTERS", "ACCUMULATE",
+           "stride_a", "stride_b", "stride_c"]  # fmt: skip
 matmul_tma_kernel_autotuned = triton.autotune(
     configs=TMA_CONFIGS, key=TMA_KEY, prune_configs_by={"early_config_prune": distinct_kernels}, **_KEEP_CHOICE
 )(matmul_tma_kernel)

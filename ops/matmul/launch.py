@@ -29,6 +29,8 @@ def run(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None =
     """C = a @ b, a new tensor of plan.shape in a's dtype, its rows plan.c_row_stride apart (contiguous, or rows
     padded: plan.py's pad_c_rows); or written into `out` (contiguous, of that shape and dtype: op.py checked
     it), or added to it (accumulate).  Returns C."""
+    if out is not None and plan.c_row_stride != plan.N:  # the kernels would stride the plan's rows over out's
+        raise ValueError(f"tk.matmul: a plan for a new C with rows {plan.c_row_stride} apart cannot write a given out")
     c = _new_c(plan, a) if out is None else out
     if plan.design == TMA:
         _launch_tma(plan, a, b, c, accumulate)

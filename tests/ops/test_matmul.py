@@ -412,6 +412,9 @@ def test_a_new_c_with_rows_off_16_byte_runs_is_padded(launches, dtype):
         c = forward(a_, weight.t(), tuning=PADDED_C)
         _assert_padded(c, (*a_.shape[:-1], 517), padded_n)
         assert_close(c, matmul_reference(a_, weight.t()), dtype)
+    padded_plan = choose_plan(describe(a, weight.t()), PADDED_C)  # made for a new C: refuses a contiguous out
+    with pytest.raises(ValueError, match="cannot write a given out"):
+        matmul_launch.run(padded_plan, a, weight.t(), out=torch.empty(203, 517, dtype=dtype))
     deep, narrow = torch.randn(5, 1000, dtype=dtype), torch.randn(1000, 61, dtype=dtype)
     split = choose_plan(describe(deep, narrow), PADDED_C)
     assert split.split > 1 and split.c_row_stride == 61  # K split: the slice sum walks C as one run
