@@ -8,10 +8,10 @@ the split-K workspace, lays out the kernels' arguments and launches.
 import torch
 import torch.nn.functional as F
 
+from ..blocks.alignment import column_multiple
 from ..blocks.elementwise import elementwise_grid
 from ..blocks.sizes import cdiv
 from ..runtime import launcher, set_scratch_allocator
-from ..blocks.alignment import column_multiple
 from .kernels import (
     copy_rows_kernel,
     matmul_kernel,

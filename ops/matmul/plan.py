@@ -212,10 +212,9 @@ class Multiples:
         return {f"{name}_MULTIPLE": m for name, m in names.items()}
 
 
-def pointer_multiples(meta: Meta, split: int, tuning: Tuning = TUNING) -> Multiples:
+def pointer_multiples(meta: Meta, split: int, row: int) -> Multiples:
     """The Multiples of a pointer launch: a's and b's strides as given (a 2-D operand's batch stride 0), C's rows
-    c_row_stride apart, its matrices M of them (its workspace slices, when K is split, a whole C apart)."""
-    row = c_row_stride(meta, split, tuning)
+    `row` apart (c_row_stride), its matrices M of them (its workspace slices, when K is split, a whole C apart)."""
     key = (meta.M, meta.N, meta.K, meta.batch, meta.batched, meta.a.strides, meta.b.strides, split, row)
     # A plan is made on every Python-path call: the cache saves ~5 µs of divisions a repeat.  Traced sizes
     # (SymInts, under torch.compile's dynamic shapes or opcheck) are not hashable: those are computed.
@@ -400,8 +399,7 @@ def _plan(meta: Meta, design: str, tuning: Tuning = TUNING, **launch) -> Plan:
         tile=tuning.interpreter_tile if interpreted else None,
         upcast_operands=interpreted and meta.dtype == torch.bfloat16,
         group_m=tuning.group_m,
-        c_row_stride=c_row_stride(meta, launch.get("split", 1), tuning),
-        **launch,
+        **{"c_row_stride": meta.N, **launch},  # contiguous unless the design's plan pads C (c_row_stride)
     )  # fmt: skip
 
 
@@ -425,10 +423,12 @@ def _copy_tile(rows: int, columns: int, facts: DeviceFacts) -> tuple[int, int, i
 
 def pointer_plan(meta: Meta, split: int, tuning: Tuning = TUNING) -> Plan:
     """The pointer kernel with K in `split` slices (``split_k``'s count, or a test's)."""
+    row = c_row_stride(meta, split, tuning)
     launch = {
         "allow_tf32": meta.dtype == torch.float32 and meta.tf32_allowed,
         "split": split,
-        "multiples": pointer_multiples(meta, split, tuning),
+        "c_row_stride": row,
+        "multiples": pointer_multiples(meta, split, row),
     }
     if split > 1:  # slices of a workspace in the accumulator's dtype, summed into C by the elementwise rule
         sum_block, sum_warps = elementwise_config(meta.M * meta.N * meta.batch, torch.device(meta.facts.kind))
@@ -446,7 +446,8 @@ def tma_plan(meta: Meta, a_layout: Layout, b_layout: Layout, copy_a: bool = Fals
     if realigned is not None:  # b's rows as described: N of K columns (column-major) or K of N
         rows, columns = (meta.N, meta.K) if b_layout.column_major else (meta.K, meta.N)
         launch.update(b_layout=realigned, realign_b=True, realign_tile=_copy_tile(rows, columns, meta.facts))
-    c_rows_aligned = (c_row_stride(meta, 1, tuning) * meta.dtype.itemsize) % tuning.c_store_alignment == 0
+    launch["c_row_stride"] = row = c_row_stride(meta, 1, tuning)
+    c_rows_aligned = (row * meta.dtype.itemsize) % tuning.c_store_alignment == 0
     launch["c_pointers"] = not (c_rows_aligned and meta.c_address_aligned)
     if not meta.facts.cuda:  # the fixed tile's flags; an autotuned config carries its own
         launch.update(store_halves=tuning.interpreter_store_halves, warp_specialize=tuning.interpreter_warp_specialize)
