@@ -165,8 +165,11 @@ class Tuning:
     # 65536x256 / 32768x1000 / 16384x4096 92.6 / 94.1 / 99.1 -> 98.3 / 97.4 / 100.8; rms_norm
     # fp16 16384x4096 99.7 -> 100.5.  Rows of 8192 columns and more (16-32 warps, 16 a thread)
     # lost 10-30 points: w and b held through the reductions take a program an SM away, or spill.
-    # (docs/perf-notes.md, version 34.)
-    affine_first_max_block: int = 4096
+    # (docs/perf-notes.md, version 34.)  Version 53 (H200, bf16, layer norm's forward shifted by each row's
+    # pivot): blocks of 4096 columns took 9-16% longer with w and b beside x, 4095x2560 / 8191x4096 /
+    # 16384x4096 / 4095x3072 at 16.0 / 41.6 / 80.7 / 19.2 us against 14.7 / 36.8 / 69.3 / 16.9 after the
+    # reductions (Liger-Kernel 14.4 / 37.4 / 71.9 / 17.1); blocks of 1024 and 2048 were level either way.
+    affine_first_max_block: int = 2048
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
