@@ -96,12 +96,16 @@ def aligned_copy(t: torch.Tensor, row_stride: int) -> torch.Tensor:
     columns past t's zero.  The kernel reads the first columns of each row by the sizes it is given.  The
     whole copy, not a view of its first columns: traced, Inductor lays out a view of an intermediate as it
     likes (a slice of the padding can come out as contiguous rows of t's width), but a new tensor is
-    contiguous.  (F.pad pads into a new row-major tensor, but with nothing to pad it clones, keeping t's
-    strides: a column-major t would stay column-major.)"""
-    pad = row_stride - t.shape[1]
-    if pad == 0:
+    contiguous.  t goes into the new tensor's first columns by copy_, the padding zeroed apart: F.pad
+    wrote every element twice (zeros, then t), 1.3 TB/s against copy_'s 1.7 on GPT-2's (768, 50257)
+    weight (H200, perf-notes version 53).  With nothing to pad, a clone into row-major order."""
+    rows, columns = t.shape
+    if row_stride == columns:
         return t.clone(memory_format=torch.contiguous_format)
-    return F.pad(t, (0, pad))
+    copy = t.new_empty((rows, row_stride))
+    copy[:, :columns].copy_(t)
+    copy[:, columns:].zero_()
+    return copy
 
 
 def realigned_copy(plan: Plan, b: torch.Tensor) -> torch.Tensor:

@@ -204,7 +204,9 @@ def test_matmul_plans_for_an_h100():
     # is; 8191 rows of C pay for a copy of b with its rows padded to 50264 columns (Tuning.operand_copy_min).
     copied = choose_plan(on(H100, *meta_tensors(8191, 50257, 768)))
     assert (copied.design, copied.copy_a, copied.copy_b, copied.b_layout) == (TMA, False, True, Layout(False, 50264))
-    assert choose_plan(on(H100, *meta_tensors(2047, 50257, 768))).design == POINTER  # M too small to pay for it
+    assert choose_plan(on(H100, *meta_tensors(4095, 50257, 1024))).copy_b  # 4095 tokens pay for it too
+    assert choose_plan(on(H100, *meta_tensors(1024, 50257, 768))).copy_b
+    assert choose_plan(on(H100, *meta_tensors(1023, 50257, 768))).design == POINTER  # M too small to pay for it
     assert choose_plan(on(H100, *meta_tensors(8191, 50257, 768)), Tuning(operand_copy_min=1 << 30)).design == POINTER
     # B's rows an odd multiple of 16 bytes apart (N = 5000: 10000 bytes) are read from a copy 128 bytes apart
     # (Tuning.b_row_bytes) where M pays for it; a's rows so apart (K = 3000: 6000 bytes) are read as they are.
@@ -220,8 +222,10 @@ def test_matmul_plans_for_an_h100():
     assert plan(4096, 4096, 4096, batch=4).design == POINTER  # batches take the pointer kernel
     outside = plan(4096, 4096, 4096, address_aligned=False)  # storage from outside PyTorch: a is copied
     assert (outside.design, outside.copy_a, outside.a_layout) == (TMA, True, Layout(False, 4096))
-    assert plan(2048, 2048, 2048, address_aligned=False).design == POINTER  # N = 2048: the copy would not pay
-    assert plan(2048, 2048, 2048, storage_offset=1).design == POINTER  # a view 2 bytes in
+    assert plan(2048, 2048, 2048, address_aligned=False).copy_a  # N = 2048 pays for the copy too
+    assert plan(4096, 1000, 4096, address_aligned=False).design == POINTER  # N = 1000: the copy would not pay
+    assert plan(4096, 1000, 4096, storage_offset=1).design == POINTER  # a view 2 bytes in, N too small to copy
+    assert plan(2048, 2048, 2048, storage_offset=1).copy_a  # the same view, copied where N pays for it
     a100 = DeviceFacts("cuda", sm_count=108, capability=(8, 0))
     assert plan(4096, 4096, 4096, facts=a100).design == POINTER  # no TMA unit before Hopper
     float32 = on(H100, *meta_tensors(256, 256, 256, dtype=torch.float32))
@@ -598,7 +602,8 @@ def test_product_into_on_the_gpu(launches, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
     """Hopper and newer: each layout through the TMA kernel, at sizes that cut
-    every kind of tile; a misaligned view falls back to the pointer kernel."""
+    every kind of tile; a misaligned view (2 bytes in) read from a row-major copy of it, N being large enough
+    to pay for the copy (Tuning.operand_copy_min)."""
     M, N, K = 2312, 2120, 1000  # multiples of 8 (16-byte strides either way), of no tile size
     a = torch.randn(M, K + 8, device="cuda", dtype=dtype)
     b = torch.randn(K, N, device="cuda", dtype=dtype)
@@ -610,8 +615,8 @@ def test_matmul_tma_kernel_on_the_gpu(launches, dtype):
     assert_close(compiled(a_t, b), matmul_reference(a_t, b), dtype)
     layouts = tma_launches(launches)
     if torch.cuda.get_device_capability()[0] >= 9:
-        assert layouts[:4] == [(False, False), (True, False), (False, True), (True, True)], layouts
-        assert layouts[4:] and set(layouts[4:]) == {(True, False)}  # traced (once or more) for Inductor
+        assert layouts[:5] == [(False, False), (True, False), (False, True), (True, True), (False, False)], layouts
+        assert layouts[5:] and set(layouts[5:]) == {(True, False)}  # traced (once or more) for Inductor
     else:
         assert layouts == []
 
