@@ -6,7 +6,6 @@ the split-K workspace, lays out the kernels' arguments and launches.
 """
 
 import torch
-import torch.nn.functional as F
 
 from ..blocks.alignment import column_multiple
 from ..blocks.elementwise import elementwise_grid

@@ -113,9 +113,10 @@ class Tuning:
     # are, and the TMA kernel reads the copy, where the GEMM's other side (M for b, N for a) is at least this.
     # The copy of b moves 2 K N s bytes against 2 M N K flops: about s F / (BW M) of the kernel's time, 440 / M
     # for 16-bit operands at 660 TFLOP/s over 3 TB/s (11% at 4096), where the TMA kernel ran 3x the pointer
-    # kernel's rate on LM heads.  F.pad copied at 1.1-1.3 TB/s, so about 1000 / M; the pointer kernel ran 3-5x
-    # the TMA kernel's time (4095x50257x1024, b row-major: 3.17 ms against compile's 0.68, H200, version 53),
-    # so the copy pays from M near 300: the floor is 1024, with room for a slower copy.  (It was 4096, which left
+    # kernel's rate on LM heads.  The copy (launch.py's aligned_copy, copy_) ran at 1.7 TB/s on unaligned rows
+    # (H200, version 53), so about 780 / M; the pointer kernel ran 3-5x the TMA kernel's time (4095x50257x1024,
+    # b row-major: 3.17 ms against compile's 0.67), so the copy pays from M near 250: the floor is 1024, with
+    # room for a slower copy.  (It was 4096, which left
     # 4095 tokens on the pointer kernel.)  The interpreter copies from its tile's size, so that CPU tests take it.
     operand_copy_min: int = 1024
     interpreter_operand_copy_min: int = 64

@@ -161,9 +161,15 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
     form is at its best.  It costs a subtraction an element and a load that hits
     x's first cache line; _center's correction costs a reduction more on the row's
     critical path, and at hidden sizes, where a program's row is latency-bound,
-    that took 15-25% of the forward (perf-notes, version 53).  The backward keeps
-    _center: the pivot, loaded ahead with the next tile, took its bfloat16 tile
-    from 124 to 163 registers (version 45)."""
+    that took 15-30% of the forward (perf-notes, version 53).
+
+    Taken for 16-bit x only (the plan's `pivoted`): there x - pivot is exact in
+    float32 unless the two are 2**13 (float16) or 2**16 (bfloat16) apart in
+    magnitude.  A float32 x - pivot rounds at the pivot's scale, an error of up to
+    eps |pivot - mean| / std in xhat, eps sqrt(n) where the pivot is an outlier
+    (4e-6 at 8192 columns against _center's 3e-8): float32 and float64 keep
+    _center.  The backward keeps _center too: the pivot, loaded ahead with the next
+    tile, took its bfloat16 tile from 124 to 163 registers (version 45)."""
     if CENTERED:
         x = tl.where(mask, x - pivot, 0.0)
         mean = exact_div(tl.sum(x, axis=1), n_cols)
@@ -317,11 +323,13 @@ def normalize_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+    PIVOTED: tl.constexpr,
 ):  # fmt: skip
     """Short rows: a tile of BLOCK_M whole rows per program, one read and one write.
     AFFINE_FIRST: w and b are loaded beside x, their latency hidden under x's, rather
     than after the reductions (where they wait in the tile's critical path but take
-    no registers during the reductions)."""
+    no registers during the reductions).  PIVOTED: layer norm's rows shifted by their
+    pivots (_standardize_pivoted) rather than centered by _center."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -331,8 +339,11 @@ def normalize_rows(
     if AFFINE_FIRST:
         w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
     x = _load(x_ptr + offsets, mask)
-    pivot = _pivots(x_ptr, rows, n_rows, n_cols, CENTERED)
-    xhat, _ = _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED)
+    if PIVOTED:
+        pivot = _pivots(x_ptr, rows, n_rows, n_cols, CENTERED)
+        xhat, _ = _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED)
+    else:
+        xhat, _ = _standardize(x, mask, n_cols, eps, CENTERED)
     if not AFFINE_FIRST:
         w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
     y = _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
@@ -525,11 +536,11 @@ def column_sum_kernel(
 def layer_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
         x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
-        AFFINE_FIRST,
+        AFFINE_FIRST, PIVOTED,
     )  # fmt: skip
 
 
@@ -589,11 +600,11 @@ def layer_norm_backward_columns_kernel(
 def rms_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
         x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
-        AFFINE_FIRST,
+        AFFINE_FIRST, PIVOTED,
     )  # fmt: skip
 
 

@@ -73,7 +73,7 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
     if plan.design == SHORT_ROWS:
         launcher(kernels.forward, x)[plan.grid](
             *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
-            num_warps=plan.warps,
+            PIVOTED=plan.pivoted, num_warps=plan.warps,
         )  # fmt: skip
     else:
         launcher(kernels.forward_long_rows, x)[plan.grid](

@@ -165,11 +165,17 @@ class Tuning:
     # 65536x256 / 32768x1000 / 16384x4096 92.6 / 94.1 / 99.1 -> 98.3 / 97.4 / 100.8; rms_norm
     # fp16 16384x4096 99.7 -> 100.5.  Rows of 8192 columns and more (16-32 warps, 16 a thread)
     # lost 10-30 points: w and b held through the reductions take a program an SM away, or spill.
-    # (docs/perf-notes.md, version 34.)  Version 53 (H200, bf16, layer norm's forward shifted by each row's
-    # pivot): blocks of 4096 columns took 9-16% longer with w and b beside x, 4095x2560 / 8191x4096 /
-    # 16384x4096 / 4095x3072 at 16.0 / 41.6 / 80.7 / 19.2 us against 14.7 / 36.8 / 69.3 / 16.9 after the
-    # reductions (Liger-Kernel 14.4 / 37.4 / 71.9 / 17.1); blocks of 1024 and 2048 were level either way.
-    affine_first_max_block: int = 2048
+    # (docs/perf-notes.md, version 34.)  The pivoted forward has its own rule (version 53, H200, bf16 layer
+    # norm shifted by each row's pivot; RMS norm and float32 were not measured there and keep 4096): its blocks
+    # of 4096 columns took 9-16% longer with w and b beside x, 4095x2560 / 8191x4096 / 16384x4096 / 4095x3072
+    # at 16.0 / 41.6 / 80.7 / 19.2 us against 14.7 / 36.8 / 69.3 / 16.9 after the reductions (Liger-Kernel
+    # 14.4 / 37.4 / 71.9 / 17.1); blocks of 1024 and 2048 were level either way.
+    affine_first_max_block: int = 4096
+    pivoted_affine_first_max_block: int = 2048  # the rule for pivoted plans (layer norm of 16-bit x)
+    # Layer norm's forward shifts 16-bit rows by their pivots (kernels.py, _standardize_pivoted): x - pivot is exact
+    # in float32 for such x, and the correction it replaces cost 15-30% at hidden sizes (version 53).  Wider
+    # elements keep _center, whose accuracy the pivot would lose where it is an outlier.
+    pivot_element_sizes: tuple[int, ...] = (2,)
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
@@ -346,6 +352,7 @@ class ForwardPlan:
     block_n: int = 0
     warps: int = 1
     affine_first: bool = False  # SHORT_ROWS: w and b loaded beside x
+    pivoted: bool = False  # SHORT_ROWS: rows shifted by their pivots (Tuning.pivot_element_sizes)
 
 
 @dataclass(frozen=True)
@@ -408,9 +415,11 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     col_multiple = column_multiple(n_cols)
     if _fits_a_block(tuning.max_block, meta):
         block_m, block_n = _row_tile(meta, tuning)
+        pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
+        affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
-            warps_for(block_m * block_n, tuning.forward_per_thread), block_n <= tuning.affine_first_max_block,
+            warps_for(block_m * block_n, tuning.forward_per_thread), block_n <= affine_first_max, pivoted,
         )  # fmt: skip
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(

@@ -669,9 +669,9 @@ def test_b_with_rows_an_odd_multiple_of_16_bytes_apart_is_realigned_on_the_gpu(l
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_an_lm_head_stored_k_by_n_takes_the_tma_kernel_through_a_copy_on_the_gpu(launches, dtype):
     """Hopper and newer: x @ W with W stored (H, V), V odd: no descriptor reads W's rows (2-byte aligned), so
-    with 4100 rows of C it is copied into aligned rows for the TMA kernel, eager and compiled.  Its backward,
-    checked here too: grad_x reads W.t() from such a copy (4100 rows pay for it), grad_w takes the pointer
-    kernel (its 768 rows do not: Tuning.operand_copy_min)."""
+    with 4100 rows of C it is copied into aligned rows for the TMA kernel, eager and compiled.  Its backward's
+    products have a side of 768, too small to pay for copies (Tuning.operand_copy_min): grad_x's grad, whose
+    rows are as unaligned, would need one; the pointer kernel for both, checked here too."""
     if not tma_available(torch.device("cuda")):
         pytest.skip("needs a GPU with TMA (Hopper or newer)")
     x = torch.randn(4100, 768, device="cuda", dtype=dtype, requires_grad=True)
@@ -683,6 +683,8 @@ def test_an_lm_head_stored_k_by_n_takes_the_tma_kernel_through_a_copy_on_the_gpu
         assert_close(c, matmul_reference(x.detach(), weight.detach()), dtype)
     assert not any(flags.get("C_POINTERS") for kernel, flags in launches), launches
     grad = torch.randn(4100, 4001, device="cuda", dtype=dtype)
+    assert choose_plan(describe(grad, weight.detach().t())).design == POINTER  # grad_x: N = 768, below the floor
+    assert choose_plan(describe(x.detach().t(), grad)).design == POINTER  # grad_w: M = 768, below the floor
     grad_x, grad_w = torch.autograd.grad(torch.ops.tk.matmul(x, weight), (x, weight), grad)
     assert_close(grad_x, matmul_reference(grad, weight.detach().t()), dtype)
     assert_close(grad_w, matmul_reference(x.detach().t(), grad), dtype)

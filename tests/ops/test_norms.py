@@ -186,11 +186,11 @@ def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_cols", [3, 1000])  # rows held whole in a tile, where x - mean comes from x - pivot
+@pytest.mark.parametrize("n_cols", [3, 1000])  # rows held whole in a tile (float32: _center's corrected mean)
 def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
     """float32 rows of 1e4 plus noise of std 1e-2, forward and backward within float32's tolerance of
-    float64: x minus the row's first element (the pivot) is exact there, and so is their sum.  sum(x) / N
-    missed the mean by up to half an ulp of 1e4 (5e-4), which shifted xhat by up to 5%."""
+    float64.  sum(x) / N alone missed the mean by up to half an ulp of 1e4 (5e-4), which shifted xhat by up
+    to 5%; the correction (sum(x - mean) / N taken out) recovers it."""
     x = 1e4 + 1e-2 * torch.randn(pick(device, 6, 512), n_cols, device=device)
     weight, bias = params(n_cols, device, torch.float32)
     y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, 1e-5)
@@ -208,8 +208,8 @@ def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
 @pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # rows in one block; 70_001: chunks merged
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")
 def test_layer_norm_of_rows_that_start_with_inf_or_nan(device, dtype, n_cols):
-    """A row's first element is its mean's pivot: where it is inf, -inf or NaN, that row is NaN, as
-    PyTorch's, and the finite rows beside it (in the same tile) are as accurate as ever."""
+    """Where a row's first element (a 16-bit short row's pivot) is inf, -inf or NaN, that row is NaN in
+    every design, as PyTorch's, and the finite rows beside it (in the same tile) are as accurate as ever."""
     x = 5 + 2 * torch.randn(6, n_cols, device=device, dtype=dtype)
     x[1, 0], x[3, 0], x[4, 0] = float("inf"), float("-inf"), float("nan")
     weight, bias = params(n_cols, device, dtype)
@@ -633,7 +633,7 @@ def test_the_forward_loads_w_and_b_beside_x_or_after(launched, present):
     """Blocks of at most affine_first_max_block columns load w and b beside x, wider ones after
     the reductions: both give the float64 values, with w and b each there or not, of a bfloat16
     x (float32 parameters where there is a weight: a lone bias must have x's dtype)."""
-    tuning = dataclasses.replace(SMALL, affine_first_max_block=16)
+    tuning = dataclasses.replace(SMALL, affine_first_max_block=16, pivoted_affine_first_max_block=16)
     for n in (6, 20):  # blocks of 8 and 32 columns
         x = 5 + 2 * torch.randn(9, n, dtype=torch.bfloat16)
         weight, bias = params(n, "cpu", torch.float32 if present[0] else torch.bfloat16, *present)
@@ -644,12 +644,35 @@ def test_the_forward_loads_w_and_b_beside_x_or_after(launched, present):
     assert [kwargs.get("AFFINE_FIRST") for _, _, kwargs in launched] == [True, True, False, False]
 
 
-def test_the_gpu_forward_loads_w_and_b_beside_x_up_to_2048_columns():
-    """The GPU's rule (Tuning.affine_first_max_block, perf-notes version 53): blocks of 2048 columns load w and b
-    beside x, blocks of 4096 (hidden sizes 2560 to 4096) after the reductions, where they ran 9-16% faster."""
+def test_the_gpu_forward_pivots_16_bit_layer_norms_and_loads_their_w_and_b_beside_x_up_to_2048_columns():
+    """The GPU's rules (Tuning.pivot_element_sizes, pivoted_affine_first_max_block; perf-notes version 53): layer
+    norm's 16-bit rows are shifted by their pivots, and blocks of 4096 columns (hidden sizes 2560 to 4096) load w
+    and b after the reductions, where they ran 9-16% faster; RMS norm and float32 keep the unpivoted rule, 4096."""
     for n_cols, beside in ((768, True), (2048, True), (2560, False), (4096, False), (8192, False)):
         plan = choose_forward_plan(h100_meta(4095, n_cols, x_size=2))
-        assert (plan.design, plan.affine_first) == ("short_rows", beside), n_cols
+        assert (plan.design, plan.pivoted, plan.affine_first) == ("short_rows", True, beside), n_cols
+        for meta in (h100_meta(4095, n_cols, x_size=4), h100_meta(4095, n_cols, x_size=2, centered=False)):
+            plan = choose_forward_plan(meta)
+            assert (plan.pivoted, plan.affine_first) == (False, n_cols <= 4096), (n_cols, meta)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_of_rows_led_by_an_outlier(device, dtype):
+    """Rows of randn whose first value is 1e4: a float32 row shifted by that pivot would round x - pivot at 1e4's
+    scale, 4e-6 of xhat at 8192 columns (perf-notes version 53), so float32 is not pivoted and stays within 1e-6
+    of float64 (PyTorch: 3e-8); bfloat16 rows are pivoted, exactly (x - pivot of two bfloat16 values 2**13 apart
+    is exact in float32), and meet bfloat16's tolerance."""
+    n_cols = pick(device, 4096, 8192)  # pivoted, float32 would err by 2e-6 at 4096 (CPU) and 4e-6 at 8192
+    x = torch.randn(pick(device, 3, 64), n_cols, device=device).to(dtype)
+    x[:, 0] = 1e4
+    weight, bias = params(n_cols, device, dtype)
+    y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, 1e-5)
+    expected = layer_norm_reference(x, [n_cols], weight, bias, 1e-5)
+    if dtype == torch.float32:
+        assert rel_error(y, expected) < 1e-6
+    else:
+        assert_close(y, expected, dtype)
 
 
 def test_long_rows_gradcheck(launched):
