@@ -116,8 +116,8 @@ class Tuning:
     # kernel's rate on LM heads.  The copy (launch.py's aligned_copy, copy_) ran at 1.7 TB/s on unaligned rows
     # (H200, version 53), so about 780 / M; the pointer kernel ran 3-5x the TMA kernel's time (4095x50257x1024,
     # b row-major: 3.17 ms against compile's 0.67), so the copy pays from M near 250: the floor is 1024, with
-    # room for a slower copy.  (It was 4096, which left
-    # 4095 tokens on the pointer kernel.)  The interpreter copies from its tile's size, so that CPU tests take it.
+    # room for a slower copy (it was 4096, which left 4095 tokens on the pointer kernel).  The interpreter
+    # copies from its tile's size, so that CPU tests take it.
     operand_copy_min: int = 1024
     interpreter_operand_copy_min: int = 64
     # B described, its rows an odd multiple of 16 bytes apart (N = 5000 row-major: 10000 bytes; K = 3000 column-major:
