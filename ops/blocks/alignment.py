@@ -71,3 +71,12 @@ def peeled_frame(row_start, n_cols, RUN: tl.constexpr):
     frame = known_multiple(row_start, RUN)
     skew = (row_start - frame).to(tl.int32)
     return frame, skew, known_multiple(skew + n_cols, RUN)
+
+
+@triton.jit
+def frame_edges(skew, body_end, n_cols, RUN: tl.constexpr):
+    """The places of a framed row's two partial runs, [0, RUN) and [body_end, body_end + RUN), as one
+    block of 2 RUN lanes, and which of them hold the row's elements (at least one: the row's first)."""
+    lane = tl.arange(0, 2 * RUN)
+    place = tl.where(lane < RUN, lane, body_end - RUN + lane)
+    return place, (place >= skew) & (place < skew + n_cols)

@@ -9,7 +9,7 @@ kernels of its own name that fix the flag, at the end of this file.
 import triton
 import triton.language as tl
 
-from ..blocks.alignment import known_multiple
+from ..blocks.alignment import frame_edges, known_multiple, peeled_frame
 
 # --------------------------------------------------------------------------
 # Pieces shared by the kernels.
@@ -62,16 +62,16 @@ def _rstd(m2, n_cols, eps):
 
 
 @triton.jit
-def _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICTION: tl.constexpr):
-    """(w, b) at `cols` in the compute dtype, loaded with `EVICTION` ("" for the default,
-    "evict_last" to keep them in L2 for the other programs); 0 stands in for one that is
+def _load_affine(w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICTION: tl.constexpr):
+    """(w, b) at `cols` (where `mask`) in the compute dtype, loaded with `EVICTION` ("" for the
+    default, "evict_last" to keep them in L2 for the other programs); 0 stands in for one that is
     absent, and the flags keep it unused."""
     w = 0.0
     b = 0.0
     if HAS_WEIGHT:
-        w = _widen(tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+        w = _widen(tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy=EVICTION))
     if HAS_BIAS:
-        b = _widen(tl.load(b_ptr + cols, mask=cols < n_cols, other=0.0, eviction_policy=EVICTION))
+        b = _widen(tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy=EVICTION))
     return w, b
 
 
@@ -87,10 +87,9 @@ def _affine(xhat, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _scale_shift(xhat, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """xhat * w + b, w and b loaded now.  `cols` has xhat's rank: (1, BLOCK_N) for a
-    tile, so that w and b broadcast over its rows; (BLOCK_N,) for a chunk of one row."""
-    w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+def _scale_shift(xhat, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * w + b, w and b loaded now at `cols` (where `mask`): a chunk of one row."""
+    w, b = _load_affine(w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS, "")
     return _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
 
 
@@ -223,25 +222,43 @@ def _row_moments(x_ptr, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr):
     """(mean, M2) of the row at x_ptr in one sweep; uncentered (RMS norm): (0, sum(x^2))."""
     cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
     x = _load(x_ptr + cols, mask)
+    # The first chunk starts the running moments, so they take the compute
+    # dtype from the data (a loop variable may not change dtype in the loop).
+    mean, m2, n_seen = _first_moments(x, mask, count.to(x.dtype), CENTERED)
+    mean, m2, _ = _merge_chunks(x_ptr, mean, m2, n_seen, BLOCK_N, n_cols, CENTERED, BLOCK_N, 0)
+    return mean, m2
+
+
+@triton.jit
+def _first_moments(x, mask, count, CENTERED: tl.constexpr):
+    """(mean, M2, count) of a row's first chunk; RMS norm: (0, sum(x^2), count)."""
     if CENTERED:
-        # The first chunk starts the running moments, so they take the compute
-        # dtype from the data (a loop variable may not change dtype in the loop).
-        n_seen = count.to(x.dtype)
-        mean, m2 = _chunk_moments(x, mask, n_seen)
-        for first in range(BLOCK_N, n_cols, BLOCK_N):
-            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
-            x = _load(x_ptr + cols, mask)
-            n_chunk = count.to(x.dtype)
-            chunk_mean, chunk_m2 = _chunk_moments(x, mask, n_chunk)
-            mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
+        mean, m2 = _chunk_moments(x, mask, count)
     else:
         mean = 0.0
         m2 = tl.sum(x * x, axis=0)
-        for first in range(BLOCK_N, n_cols, BLOCK_N):
-            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
-            x = _load(x_ptr + cols, mask)
+    return mean, m2, count
+
+
+@triton.jit
+def _merge_chunks(x_ptr, mean, m2, n_seen, start, end, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr,
+                  LOW: tl.constexpr):  # fmt: skip
+    """The running (mean, M2, count) with the row's places [start, end) merged in, BLOCK_N a chunk
+    (Chan); places below LOW are not in the sweep (a framed row's first partial run, taken apart).
+    RMS norm: sum(x^2) added, mean and count left as they are."""
+    for first in range(start, end, BLOCK_N):
+        places = first + tl.arange(0, BLOCK_N)
+        mask = places < end
+        if LOW:
+            mask = mask & (places >= LOW)
+        x = _load(x_ptr + places, mask)
+        if CENTERED:
+            n_chunk = (tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW)).to(x.dtype)
+            chunk_mean, chunk_m2 = _chunk_moments(x, mask, n_chunk)
+            mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
+        else:
             m2 += tl.sum(x * x, axis=0)
-    return mean, m2
+    return mean, m2, n_seen
 
 
 @triton.jit
@@ -337,7 +354,7 @@ def normalize_rows(
     mask = (rows < n_rows) & (cols < n_cols)  # the last tile and every row's end hang over
     offsets = rows * n_cols + cols
     if AFFINE_FIRST:
-        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
+        w, b = _load_affine(w_ptr, b_ptr, cols, cols < n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
     x = _load(x_ptr + offsets, mask)
     if PIVOTED:
         pivot = _pivots(x_ptr, rows, n_rows, n_cols, CENTERED)
@@ -345,7 +362,7 @@ def normalize_rows(
     else:
         xhat, _ = _standardize(x, mask, n_cols, eps, CENTERED)
     if not AFFINE_FIRST:
-        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, "")
+        w, b = _load_affine(w_ptr, b_ptr, cols, cols < n_cols, HAS_WEIGHT, HAS_BIAS, "")
     y = _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -354,19 +371,73 @@ def normalize_rows(
 def normalize_long_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
     """Long rows: one program per row; a sweep for the statistics, a sweep to write.
-    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows' less AFFINE_FIRST.)"""
+    (BLOCK_M is 1 and n_rows unused: the signature is normalize_rows' less AFFINE_FIRST.)
+    FRAME (the elements in a 16-byte run, or 0): the row starts off a 16-byte boundary and
+    is swept from the boundary before it (_normalize_framed_row)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = tl.program_id(0).to(tl.int64) * n_cols
-    mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
+    if FRAME:
+        _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTERED, HAS_WEIGHT, HAS_BIAS,
+                              BLOCK_N, FRAME)  # fmt: skip
+    else:
+        mean, m2 = _row_moments(x_ptr + start, n_cols, CENTERED, BLOCK_N)
+        rstd = _rstd(m2, n_cols, eps)
+        for first in range(0, n_cols, BLOCK_N):
+            cols, mask, _ = _chunk_at(first, n_cols, BLOCK_N)
+            x = _load(x_ptr + start + cols, mask)
+            y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)
+            tl.store(y_ptr + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# A long row framed at a 16-byte boundary (ops/blocks/alignment.py): its whole runs are swept in
+# chunks of frame places under masks whose bounds are multiples of FRAME (16 bytes an access), its
+# two partial runs apart, element by element.  A row of 50257 16-bit columns starts off a boundary
+# in seven rows of eight; swept from its first element it moved 2 bytes an access.
+
+
+@triton.jit
+def _framed_chunk_at(first, body_end, BLOCK_N: tl.constexpr, FRAME: tl.constexpr):
+    """Frame places [first, first + BLOCK_N) and the mask of the whole runs among them."""
+    places = first + tl.arange(0, BLOCK_N)
+    return places, (places >= FRAME) & (places < body_end)
+
+
+@triton.jit
+def _framed_row_moments(x_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr,
+                        FRAME: tl.constexpr):  # fmt: skip
+    """_row_moments of the framed row whose frame starts at x_ptr: the two partial runs first
+    (they hold the row's first element, so they count at least one), then the whole runs chunk by
+    chunk (each chunk holds one at least: body_end is past FRAME, the row being two runs long)."""
+    edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
+    x = _load(x_ptr + edges, in_row)
+    mean, m2, n_seen = _first_moments(x, in_row, tl.sum(in_row.to(x.dtype), axis=0), CENTERED)
+    mean, m2, _ = _merge_chunks(x_ptr, mean, m2, n_seen, 0, body_end, CENTERED, BLOCK_N, FRAME)
+    return mean, m2
+
+
+@triton.jit
+def _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTERED: tl.constexpr,
+                          HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          FRAME: tl.constexpr):  # fmt: skip
+    """normalize_long_rows' two sweeps over the row at element `start`, framed.  w and b are read
+    at the row's columns (place - skew), element by element: they sit in L2 for every row."""
+    frame, skew, body_end = peeled_frame(start, n_cols, FRAME)
+    x_ptr += frame
+    y_ptr += frame
+    mean, m2 = _framed_row_moments(x_ptr, skew, body_end, n_cols, CENTERED, BLOCK_N, FRAME)
     rstd = _rstd(m2, n_cols, eps)
-    for first in range(0, n_cols, BLOCK_N):
-        cols, mask, _ = _chunk_at(first, n_cols, BLOCK_N)
-        x = _load(x_ptr + start + cols, mask)
-        y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS)
-        tl.store(y_ptr + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    for first in range(0, body_end, BLOCK_N):
+        places, inside = _framed_chunk_at(first, body_end, BLOCK_N, FRAME)
+        x = _load(x_ptr + places, inside)
+        y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, places - skew, inside, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_ptr + places, y.to(y_ptr.dtype.element_ty), mask=inside)
+    edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
+    x_edges = _load(x_ptr + edges, in_row)
+    y_edges = _scale_shift((x_edges - mean) * rstd, w_ptr, b_ptr, edges - skew, in_row, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + edges, y_edges.to(y_ptr.dtype.element_ty), mask=in_row)
 
 
 @triton.jit
@@ -548,10 +619,11 @@ def layer_norm_forward_kernel(
 def layer_norm_forward_long_rows_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr = 0,
 ):  # fmt: skip
     normalize_long_rows(
-        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        FRAME,
     )
 
 
@@ -612,10 +684,11 @@ def rms_norm_forward_kernel(
 def rms_norm_forward_long_rows_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr = 0,
 ):  # fmt: skip
     normalize_long_rows(
-        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
+        FRAME,
     )
 
 

@@ -77,7 +77,7 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
         )  # fmt: skip
     else:
         launcher(kernels.forward_long_rows, x)[plan.grid](
-            *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.warps
+            *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, FRAME=plan.frame, num_warps=plan.warps
         )
     return y
 

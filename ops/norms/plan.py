@@ -74,12 +74,13 @@ test plans for an H100 on any machine by building a Meta with
 smaller Tuning (``TUNING.with_cpu(...)``).
 """
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
 
-from ..blocks.alignment import column_multiple
+from ..blocks.alignment import column_multiple, frame_run
 from ..blocks.held_rows import HeldSetup, fit_rows, may_overlap_fill, words_block
 from ..blocks.sizes import at_most, cdiv, next_power_of_2, rows_in_tile, warps_for
 from ..runtime import INTERPRETER, ByKind, DeviceFacts, device_facts
@@ -110,13 +111,19 @@ class HeldNormSetup(HeldSetup):
 @dataclass(frozen=True)
 class HeldSetups:
     """One op's setups for backward rows held on chip, by the widest input's element size; a row
-    takes the first that takes it (HeldSetup.takes).  None for float64: it keeps two sweeps."""
+    takes the first that takes it (HeldSetup.takes).  None for float64: it keeps two sweeps.
+    Rows held framed (held.py) take the framed setups where there are any: their kernels hold
+    more registers."""
 
     for_16_bit: tuple[HeldNormSetup, ...] = ()
     for_32_bit: tuple[HeldNormSetup, ...] = ()
+    framed_16_bit: tuple[HeldNormSetup, ...] = ()
+    framed_32_bit: tuple[HeldNormSetup, ...] = ()
 
-    def of(self, element_size: int) -> tuple[HeldNormSetup, ...]:
-        return {2: self.for_16_bit, 4: self.for_32_bit}.get(element_size, ())
+    def of(self, element_size: int, framed: bool = False) -> tuple[HeldNormSetup, ...]:
+        plain = {2: self.for_16_bit, 4: self.for_32_bit}.get(element_size, ())
+        framed_setups = {2: self.framed_16_bit, 4: self.framed_32_bit}.get(element_size, ()) if framed else ()
+        return framed_setups or plain
 
 
 @dataclass(frozen=True)
@@ -239,22 +246,33 @@ class Tuning:
     #     77; rows past 128 segments of 512 (65537 to 131072 columns) on 1024 / 2 / 160 / 6,
     #     512x131072 bf16 328 -> 280 us, float32 527 -> 401 us against two sweeps (at 4096x32768
     #     and 1024x65536 it lost to 512 / 1).  At 2000x20001, rows of no 16-element multiple (loads
-    #     of one element), float32 fell from 54 to 39 (bf16 33 both): layer norm holds only rows of
-    #     a length that is a multiple of `col_multiple` (ops/blocks/alignment.py).
+    #     of one element), float32 fell from 54 to 39 (bf16 33 both), so layer norm held only rows of
+    #     a 16-element multiple until version 54; rows off 16-byte boundaries are now held framed
+    #     (held.py; _frame), the others read 16 bytes an access with COL_MULTIPLE, and both ops hold
+    #     rows of any length.
+    # Framed rows (version 54; held.py): the kernels hold a segment's edge too.  RMS norm's spilled at 96
+    # registers (92 bytes a thread, ptxas sm_90) and 128 (float32), not at 112 (16 an SM, as at 128) and 160;
+    # 4096x50257 bf16 on an H200, at 96 registers 1024 us, at 128 625 us (eager layer norm's backward 1051).
+    # Its wider setups (rows past 65536 columns) spill at 96 (16-bit) and 128 (float32), not at 128 and 160.  Layer norm's spills at
+    # 160 (140 bytes, rows_ahead 1) and stops at 200, but 10 an SM then hold 8 rows of 99 segments at once, not
+    # 16 (a multiple of the run, see _held_rows): 1672 us against 1091 at 160 with rows_ahead 1 and 1216 with 2.
     layer_norm_held: HeldSetups = HeldSetups(
         for_16_bit=(
-            HeldNormSetup(512, 1, 160, 12, max_segments=128, col_multiple=16, rows_ahead=2),
-            HeldNormSetup(1024, 2, 160, 6, max_segments=128, col_multiple=16, rows_ahead=2),
+            HeldNormSetup(512, 1, 160, 12, max_segments=128, rows_ahead=2),
+            HeldNormSetup(1024, 2, 160, 6, max_segments=128, rows_ahead=2),
         ),
         for_32_bit=(
-            HeldNormSetup(512, 1, 160, 12, max_segments=128, col_multiple=16),
-            HeldNormSetup(1024, 2, 160, 6, max_segments=128, col_multiple=16),
+            HeldNormSetup(512, 1, 160, 12, max_segments=128),
+            HeldNormSetup(1024, 2, 160, 6, max_segments=128),
         ),
+        framed_16_bit=(HeldNormSetup(512, 1, 160, 12, max_segments=128),),
     )
     # One warp a program up to 128 segments a row, then wider programs (see layer_norm_held).
     rms_norm_held: HeldSetups = HeldSetups(
         for_16_bit=(HeldNormSetup(512, 1, 96, 20, max_segments=128), HeldNormSetup(2048, 4, 96, 5)),
         for_32_bit=(HeldNormSetup(512, 1, 128, 16, max_segments=128), HeldNormSetup(1024, 2, 128, 8)),
+        framed_16_bit=(HeldNormSetup(512, 1, 128, 16, max_segments=128), HeldNormSetup(2048, 4, 128, 4)),
+        framed_32_bit=(HeldNormSetup(512, 1, 160, 12, max_segments=128), HeldNormSetup(1024, 2, 160, 6)),
     )
     # The interpreter runs one program after another: held rows are off on CPU, except in
     # tests, which then take the path that computes the partials itself, over
@@ -353,6 +371,7 @@ class ForwardPlan:
     warps: int = 1
     affine_first: bool = False  # SHORT_ROWS: w and b loaded beside x
     pivoted: bool = False  # SHORT_ROWS: rows shifted by their pivots (Tuning.pivot_element_sizes)
+    frame: int = 0  # LONG_ROWS: FRAME, rows swept from the 16-byte boundary before them (_frame)
 
 
 @dataclass(frozen=True)
@@ -369,10 +388,14 @@ class HeldRowsPlan:
     max_spins: int
     overlap_fill: bool  # the kernel starts while its scratch fill runs
     full: Optional[bool]  # FULL, rows of whole segments (layer norm's kernel; None: RMS norm's has none)
+    frame: int = 0  # FRAME: rows held from the 16-byte boundary before them (_frame; held.py's docstring)
 
     def constexprs(self) -> dict:
         """The held kernel's constexprs that follow from the plan."""
-        layout = {"SEGMENT": self.segment, "SEGMENTS_BLOCK": self.segments_block, "ROWS_AHEAD": self.setup.rows_ahead}
+        layout = {
+            "SEGMENT": self.segment, "SEGMENTS_BLOCK": self.segments_block, "ROWS_AHEAD": self.setup.rows_ahead,
+            "FRAME": self.frame,
+        }  # fmt: skip
         return layout if self.full is None else {**layout, "FULL": self.full}
 
 
@@ -424,7 +447,7 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(
         meta.centered, LONG_ROWS, n_rows, n_cols, col_multiple, (n_rows,), 1, chunk,
-        warps_for(chunk, tuning.forward_per_thread),
+        warps_for(chunk, tuning.forward_per_thread), frame=_frame(meta),
     )  # fmt: skip
 
 
@@ -470,6 +493,17 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
 # --------------------------------------------------------------------------
 # The rules the plans are made of.
 # --------------------------------------------------------------------------
+
+
+def _frame(meta: Meta) -> int:
+    """FRAME of the long-row kernels: the elements in a 16-byte run of the narrowest input where rows
+    start off 16-byte boundaries (ops/blocks/alignment.py: frame_run), else 0.  Rows of 50257
+    bfloat16 (GPT-2's vocabulary) start off one in seven rows of eight, and read from their first
+    element moved 2 bytes an access: the forward at 41% of copy, the backward at 27% (layer norm)
+    and 30% (RMS norm) on an H100 (docs/perf-notes.md, version 52).  A result is at least as wide
+    as x, so x's runs frame it too."""
+    sizes = (meta.x_size, meta.grad_size) if meta.grad_size else (meta.x_size,)
+    return frame_run(meta.n_cols, 1, *sizes)
 
 
 def _register_limit(limits: ByKind, meta: Meta) -> int:
@@ -539,7 +573,8 @@ def _held_rows(meta: Meta, col_multiple: int, tuning: Tuning) -> Optional[HeldRo
     column_multiple is not a multiple of the setup's col_multiple, or more segments than the
     grid holds)."""
     kind = meta.facts.kind
-    setups = tuning.held_setups(meta.centered).of(meta.widest)
+    frame = _frame(meta)
+    setups = tuning.held_setups(meta.centered).of(meta.widest, framed=bool(frame))
     if not setups or not tuning.held_rows[kind]:
         return None
     if not meta.facts.cuda:
@@ -549,15 +584,25 @@ def _held_rows(meta: Meta, col_multiple: int, tuning: Tuning) -> Optional[HeldRo
         if setup is None:
             return None
         segment, programs = setup.segment, setup.programs(meta.facts)
-    found = fit_rows(meta.n_rows, cdiv(meta.n_cols, segment), programs)
+    # A framed row's places run from its frame's start, up to a run less one before its first element.
+    found = fit_rows(meta.n_rows, cdiv(meta.n_cols + max(frame - 1, 0), segment), programs)
     if found is None:
         return None
     n_segments, rows_at_once = found
+    if frame and rows_at_once < meta.n_rows:
+        # Every row a program takes must have its first row's skew (held.py): rows_at_once rows
+        # of n_cols must be whole runs (8 rows at a time for rows of 50257 16-bit columns).
+        # Then spread evenly over the rounds, as fit_rows spreads them.
+        step = frame // math.gcd(meta.n_cols, frame)
+        most = programs // n_segments // step * step
+        if most == 0:
+            return None
+        rows_at_once = min(most, cdiv(cdiv(meta.n_rows, cdiv(meta.n_rows, most)), step) * step)
     # What each op's held kernel publishes (held.py): layer norm two words a segment, (mean x,
     # M2 of x) and (mean g, sum((x - mean x) * g)); RMS norm one, (sum(x^2), sum(x * g)).
     words_a_segment = 2 if meta.centered else 1
     return HeldRowsPlan(
         setup, segment, n_segments, rows_at_once, words_a_segment * n_segments,
         words_block(setup.warps, n_segments), tuning.max_spins[kind], meta.overlap_fill,
-        meta.n_cols % segment == 0 if meta.centered else None,
+        meta.n_cols % segment == 0 and not frame if meta.centered else None, frame,
     )  # fmt: skip

@@ -152,6 +152,20 @@ def test_rows_that_start_off_a_16_byte_boundary_are_swept_from_the_boundary(dire
     assert "ld.global.v4.b32" not in plain and plain.count("ld.global.b16") >= 16, sorted(plain)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_long_norm_rows_off_a_16_byte_boundary_are_swept_from_the_boundary(op):
+    """The norms' long-row forward at rows of 50257 bf16 columns (COL_MULTIPLE 1): framed, x is read
+    and y written 16 bytes an access but for the two partial runs of each row (and w and b, read at the
+    row's columns, element by element); unframed, every access moves one element."""
+    kernel = getattr(layer_norm, f"{op}_forward_long_rows_kernel")
+    constexprs = {"HAS_WEIGHT": True, "HAS_BIAS": op == "layer_norm", "BLOCK_M": 1, "BLOCK_N": 4096, "COL_MULTIPLE": 1}
+    framed = _global_accesses(_ptx(kernel, _BF16_ROW, {**constexprs, "FRAME": 8}, 8))
+    assert framed.count("ld.global.v4.b32") == 4, sorted(framed)  # 16 a thread: 2 a sweep
+    assert framed.count("st.global.v4.b32") == 2, sorted(framed)
+    plain = _global_accesses(_ptx(kernel, _BF16_ROW, {**constexprs, "FRAME": 0}, 8))
+    assert "ld.global.v4.b32" not in plain and "st.global.v4.b32" not in plain, sorted(set(plain))
+
+
 # ---------------------------------------------------------------------------
 # Flat kernels of any length: whole blocks apart from the tail (ops/blocks/elementwise.py).
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from reference import (
 
 import ops
 from ops.blocks import held_rows
+from ops.blocks.alignment import frame_run
 from ops.blocks.held_rows import can_overlap_fill
 from ops.norms import launch as norm_launch, layer_norm as layer_norm_entry, rms_norm as rms_norm_entry
 from ops.norms.plan import (
@@ -496,6 +498,9 @@ DESIGN_CASES = [
     ((9, 6), "forward", "backward", (3,), (3,)),  # tiles of 4 rows of 8 lanes; the last tile is 3 rows of padding
     ((7, 50), "forward", "backward_long", (7,), (2, 4)),  # 2 row groups x 4 chunks, the last of 2 columns
     ((5, 100), "forward_long_rows", "backward_long", (5,), (2, 7)),  # 7 chunks, the last of 4 columns
+    # Rows off 16-byte boundaries in every dtype (101 elements), the long forward framed (FRAME: 8 16-bit
+    # elements, 4 float32, 2 float64): each row's partial runs apart from its whole ones.
+    ((6, 101), "forward_long_rows", "backward_long", (6,), (2, 7)),
 ]
 
 
@@ -735,6 +740,8 @@ def test_the_design_rules():
 # The backward rows held across programs on CPU: each program computes its row's partials
 # itself there (the interpreter runs programs one after another), over 32-column segments.
 HELD = SMALL.with_cpu(held_rows=True)
+HELD_16 = dataclasses.replace(HELD, cpu_programs=16)  # 8 framed rows of 33 columns at once (a multiple of 8)
+HELD_32 = dataclasses.replace(HELD, cpu_programs=32)  # 8 framed rows of 101 columns (4 segments) at once
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -742,11 +749,13 @@ HELD = SMALL.with_cpu(held_rows=True)
 @pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
 def test_norm_backward_held_rows_match_float64(launched, op, dtype, shape):
     """Rows not cut evenly by segments (100 = 3 x 32 + 4; 33 = 32 + 1), rows not cut evenly by the
-    rounds (20 rows, 8 programs of 2 segments: 4 rows at once), with a weight (and bias) and without,
-    rows whose mean is far from 0 (layer norm merges its segments' moments, no cancellation), and a
-    float32 grad of a 16-bit x (an autocast result's): the gradients against float64."""
+    rounds (20 rows, 16 programs of 2 segments: 8 rows at once), rows off 16-byte boundaries held
+    framed (33 columns in every dtype, 100 in 16 bits: 200 bytes), with a weight (and bias) and
+    without, rows whose mean is far from 0 (layer norm merges its segments' moments, no
+    cancellation), and a float32 grad of a 16-bit x (an autocast result's): the gradients against
+    float64."""
     n = shape[-1]
-    tk_fn, torch_fn = tuned(op, HELD), pytorch_norm(op)
+    tk_fn, torch_fn = tuned(op, HELD_16), pytorch_norm(op)
     x = 100 + torch.randn(shape, dtype=dtype) if op == "layer_norm" else 3 + 2 * torch.randn(shape, dtype=dtype)
     weight, bias = params(n, "cpu", dtype)
     for w, b in ((weight, bias), (None, None)):
@@ -757,7 +766,7 @@ def test_norm_backward_held_rows_match_float64(launched, op, dtype, shape):
         assert f"{op}_backward_held_kernel" in names and f"{op}_backward_stats_kernel" not in names, names
     grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
     bias = bias if op == "layer_norm" else None
-    tk_grads = _backward(op, grad, x.detach(), weight, True, bias is not None, HELD)
+    tk_grads = _backward(op, grad, x.detach(), weight, True, bias is not None, HELD_16)
     leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
     torch_fn(*leaves).backward(grad.double())
     for got, leaf in zip(tk_grads, leaves):
@@ -770,7 +779,7 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
     computes every partial of its rows and publishes its own), then each finds its rows' words
     published and combines those.  Both (dx, dw partials), and the words."""
     n_rows, n_cols = x.shape
-    plan = choose_backward_plan(Meta(op == "layer_norm", n_rows, n_cols, x.element_size(), grad.element_size()), HELD)
+    plan = choose_backward_plan(Meta(op == "layer_norm", n_rows, n_cols, x.element_size(), grad.element_size()), HELD_32)
     held = plan.held
     assert plan.design == HELD_ROWS and held.rows_at_once < n_rows / 2  # a program's rounds reach the segment two rows ahead
     words = ops.blocks.held_rows.unpublished_words(x, n_rows, held.words)
@@ -791,33 +800,44 @@ def _held_twice(op, x, grad, weight, rows_ahead=1):
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows_ahead", [1, 2])
-@pytest.mark.parametrize("n_cols", [100, 96])
+@pytest.mark.parametrize("n_cols", [100, 96, 101])
 def test_norm_held_rows_published_partials_give_the_same_bits(op, dtype, rows_ahead, n_cols):
     """The path a GPU takes when a row's programs all run at once (partials read from the words)
     and the one it takes when they do not (computed here): the same bits, with the next row's
-    segment loaded ahead or the next two, on rows with a part segment (100 = 3 x 32 + 4) and rows
-    of whole ones (96, where the moments run unmasked).  RMS norm's word holds its segment's
-    (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of x) and (mean g,
-    sum((x - mean x) * g)), g = dy * w."""
-    x, grad = (3 + 2 * torch.randn(9, n_cols)).to(dtype), torch.randn(9, n_cols).to(dtype)
+    segment loaded ahead or the next two, on rows with a part segment (100 = 3 x 32 + 4), rows
+    of whole ones (96, where the moments run unmasked) and rows off 16-byte boundaries (101, and
+    100 in bfloat16), held framed: a row's segments then start at the boundary before it, so
+    row r's first segment holds (r * n_cols) % run places before its first element.  RMS norm's
+    word holds its segment's (sum(x^2), sum(x * dy * w)); layer norm's two words (mean x, M2 of
+    x) and (mean g, sum((x - mean x) * g)), g = dy * w."""
+    n_rows = 25
+    x, grad = (3 + 2 * torch.randn(n_rows, n_cols)).to(dtype), torch.randn(n_rows, n_cols).to(dtype)
     weight = (1 + 0.5 * torch.randn(n_cols)).to(dtype)
     ((dx_here, dw_here), (dx_read, dw_read)), words = _held_twice(op, x, grad, weight, rows_ahead)
     assert torch.equal(dx_here, dx_read) and torch.equal(dw_here, dw_read)
     assert not dx_read.isnan().any() and not dw_read.isnan().any()  # every row and partial column written
     assert (words != ops.blocks.held_rows.UNPUBLISHED.value).all()
     halves = words.view(torch.int32).view(*words.shape, 2).view(torch.float32)  # little-endian: lower half first
-    n_segments = -(-n_cols // 32)
-    pad = (0, 32 * n_segments - n_cols)
-    x64 = F.pad(x.double(), pad).view(9, n_segments, 32)
-    g64 = F.pad(grad.double() * weight.double(), pad).view(9, n_segments, 32)
+    run = frame_run(n_cols, 1, x.element_size())
+    skews = [(r * n_cols) % run if run else 0 for r in range(n_rows)]
+    n_segments = -(-(n_cols + max(run - 1, 0)) // 32)
+    assert halves.shape[1] == n_segments * (2 if op == "layer_norm" else 1)
+
+    def in_segments(t):  # each row at its skew in a frame of n_segments x 32 places
+        rows = [F.pad(row, (skew, 32 * n_segments - n_cols - skew)) for row, skew in zip(t, skews)]
+        return torch.stack(rows).view(n_rows, n_segments, 32)
+
+    x64 = in_segments(x.double())
+    g64 = in_segments(grad.double() * weight.double())
     if op == "rms_norm":
         torch.testing.assert_close(halves[..., 1].double(), (x64 * x64).sum(-1), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(halves[..., 0].double(), (x64 * g64).sum(-1), rtol=1e-2, atol=1e-2)
     else:
-        counts = (n_cols - 32 * torch.arange(n_segments, dtype=torch.float64)).clamp(max=32)
-        means_x = x64.sum(-1) / counts
-        centered = torch.where(torch.arange(32) < counts[:, None], x64 - means_x[..., None], 0.0)
-        expected = [means_x, (centered * centered).sum(-1), g64.sum(-1) / counts, (centered * g64).sum(-1)]
+        inside = in_segments(torch.ones(n_rows, n_cols, dtype=torch.float64)) > 0
+        counts = inside.sum(-1).double()
+        means_x = x64.sum(-1) / counts.clamp(min=1)  # a segment past a row's end: 0
+        centered = torch.where(inside, x64 - means_x[..., None], 0.0)
+        expected = [means_x, (centered * centered).sum(-1), g64.sum(-1) / counts.clamp(min=1), (centered * g64).sum(-1)]
         got = [halves[:, 0::2, 1], halves[:, 0::2, 0], halves[:, 1::2, 1], halves[:, 1::2, 0]]  # segment s: 2s, 2s + 1
         for g, e in zip(got, expected):
             torch.testing.assert_close(g.double(), e, rtol=1e-2, atol=1e-2)
@@ -841,8 +861,13 @@ def test_constant_rows_in_every_design(launched, dtype, tuning, case):
     check_gradients(tk_fn, affine_after_layer_norm(n_cols, EPS["layer_norm"]), inputs, dtype)
     names = {name for name, *_ in launched}
     forward_kernel, *backward_kernels = kernel_names("layer_norm", forward, backward)
-    if tuning == "HELD" and backward == "backward_long" and dtype != torch.float64:
-        backward_kernels = ["layer_norm_backward_held_kernel"]  # float64 keeps the two sweeps
+    meta = Meta(True, n_rows, n_cols, x.element_size(), x.element_size())
+    if tuning == "HELD" and choose_backward_plan(meta, HELD).design == HELD_ROWS:
+        # float64 keeps the two sweeps; so do framed rows of 101 columns, too few at once for their run here
+        backward_kernels = ["layer_norm_backward_held_kernel"]
+    assert (tuning, backward, dtype, n_cols) != ("HELD", "backward_long", torch.float32, 100) or backward_kernels == [
+        "layer_norm_backward_held_kernel"
+    ]  # the held case this test is for is reached
     assert names >= {forward_kernel, *backward_kernels}, names
 
 
@@ -883,8 +908,17 @@ def test_the_held_rows_rule():
     assert held(True, 512, 131072, 4) == (ln.for_32_bit[1], 1024, 128, 6)
     assert held(True, 512, 131072 + 16, 2) is None
     assert held(True, 2000, 20000, 4) == (ln.for_32_bit[0], 512, 40, 39)
-    assert held(True, 2000, 20008, 4) is None  # a row of no 16-element multiple
-    assert held(False, 2000, 20001, 4) == (fp32, 512, 40, 52)  # RMS norm holds any
+    # Rows of any length: 16-byte aligned with COL_MULTIPLE (20008), or framed (20001 float32 columns:
+    # run 4; 50257 bfloat16 columns, GPT-2's vocabulary: run 8), the frame adding a segment where the
+    # row's places pass one (50257 + 7 places), on the framed setups where the op has them, rows at once
+    # a multiple of the run
+    assert held(True, 2000, 20008, 4) == (ln.for_32_bit[0], 512, 40, 39)
+    assert held(False, 2000, 20001, 4) == (rms.framed_32_bit[0], 512, 40, 36)  # 12 an SM: 39 -> 36
+    assert held(True, 4096, 50257, 2) == (ln.framed_16_bit[0], 512, 99, 16)
+    assert held(False, 4096, 50257, 2) == (rms.framed_16_bit[0], 512, 99, 16)  # 16 an SM: 21 -> 16
+    assert held(False, 4096, 50260, 2) == (rms.framed_16_bit[0], 512, 99, 20)  # 4 mod 8: two rows are whole runs
+    for centered, n_cols, widest, frame in ((True, 50257, 2, 8), (False, 20001, 4, 4), (True, 20008, 4, 0)):
+        assert choose_backward_plan(Meta(centered, 4096, n_cols, widest, widest, H100)).held.frame == frame
     assert held(False, 4, 70016, 2, INTERPRETER) is None  # off in the interpreter, unless a tuning turns it on
     assert choose_backward_plan(Meta(False, 4, 100, 2, 2), SMALL).design == LONG_ROWS
     assert choose_backward_plan(Meta(False, 4, 100, 2, 2), HELD).design == HELD_ROWS
@@ -896,12 +930,15 @@ def test_the_held_plan_follows_the_call():
     and no FULL; the kernel overlaps its scratch fill where the call may (Meta.overlap_fill)."""
     ln = choose_backward_plan(h100_meta(4096, 32768, 2)).held
     assert (ln.words, ln.setup.rows_ahead, ln.overlap_fill, ln.max_spins) == (2 * 64, 2, False, 1 << 16)
-    assert ln.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 2, "FULL": True}
+    assert ln.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 2, "FULL": True, "FRAME": 0}
     assert choose_backward_plan(h100_meta(4096, 32768 - 16, 2)).held.constexprs()["FULL"] is False
     meta = dataclasses.replace(h100_meta(4096, 32768, 2, centered=False), overlap_fill=True)
     rms = choose_backward_plan(meta).held
     assert (rms.words, rms.setup.rows_ahead, rms.overlap_fill) == (64, 1, True)
-    assert rms.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 1}
+    assert rms.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 1, "FRAME": 0}
+    # Rows off 16-byte boundaries: framed, never FULL (a row's places start up to a run before it)
+    framed = choose_backward_plan(h100_meta(4096, 99 * 512 + 1, 2)).held
+    assert framed.constexprs()["FRAME"] == 8 and framed.constexprs()["FULL"] is False
 
 
 def test_a_held_setup_loads_one_or_two_rows_ahead():
@@ -946,13 +983,14 @@ def _backward_planned(op, grad, x, weight, bias, tuning=TUNING, **meta_changes):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_norm_held_rows_on_the_gpu(launched, op, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments and rows of whole ones
-    (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, against
-    float64; and a run in which no program waits (each computes its rows' partials itself) gives the
-    same bits as the run in which they read each other's words, as does a run in which the kernel
-    starts only after its scratch fill ends."""
+    (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, rows off
+    16-byte boundaries held framed (20001 and 70001 columns; 20004 in 16 bits), against float64; and a
+    run in which no program waits (each computes its rows' partials itself) gives the same bits as the
+    run in which they read each other's words, as does a run in which the kernel starts only after its
+    scratch fill ends."""
     torch_fn = pytorch_norm(op)
-    rms_cases = [(1000, 20001), (40, 70001)]
-    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072)]  # the last two: 1024 columns a program
+    rms_cases = [(1000, 20001), (40, 70001), (999, 20004)]
+    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072), (1000, 20001), (999, 20004)]  # 3, 4: 1024 a program
     for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
         x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
         grad = torch.randn_like(x)
@@ -1309,6 +1347,30 @@ def test_every_norm_has_a_spec_the_harness_can_run():
             assert_close(y, spec.reference(*[t.double() for t in inputs]), dtype)
 
 
+@pytest.mark.parametrize("centered", [False, True], ids=["rms_norm", "layer_norm"])
+def test_the_held_norm_kernels_hold_framed_rows_16_bytes_an_access(centered):
+    """Built for sm_90 (no GPU needed): rows of 50257 bfloat16 columns (COL_MULTIPLE 1) held framed
+    read x and dy and write dx 16 bytes an access in the segments between a row's partial runs; held
+    from their first element, as before version 54, no access was wider than an element."""
+    from triton.compiler import ASTSource
+
+    setup = TUNING.held_setups(centered).for_16_bit[0]
+    kernel = norm_launch.KERNELS[centered].backward_held
+    signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+    signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
+    accesses = {}
+    for frame in (8, 0):
+        constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=centered, SEGMENT=setup.segment,
+                         SEGMENTS_BLOCK=held_rows.words_block(setup.warps, 99), COL_MULTIPLE=1, OVERLAPPED=False,
+                         ROWS_AHEAD=setup.rows_ahead, FRAME=frame)  # fmt: skip
+        signature.update({name: "constexpr" for name in constants})
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
+        ptx = build_for_hopper(ASTSource(kernel, dict(signature), constants, aligned), setup).asm["ptx"]
+        accesses[frame] = re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx)
+    assert "ld.global.v4.b32" in accesses[8] and "st.global.v4.b32" in accesses[8], sorted(set(accesses[8]))
+    assert not [a for a in accesses[0] if ".v4." in a or ".v2." in a], sorted(set(accesses[0]))
+
+
 def test_the_held_norm_kernels_wait_for_their_fill():
     """Built for sm_90 (no GPU needed): the norms' held backwards wait for their scratch fill after
     their first loads and before their first publish, as the softmax kernels do (the fill itself:
@@ -1323,7 +1385,7 @@ def test_the_held_norm_kernels_wait_for_their_fill():
             signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", words_ptr="*i64", eps="fp32")
             constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=True, SEGMENT=setup.segment,
                              SEGMENTS_BLOCK=held_rows.words_block(setup.warps, 8), COL_MULTIPLE=16, OVERLAPPED=overlapped,
-                             ROWS_AHEAD=setup.rows_ahead)  # fmt: skip
+                             ROWS_AHEAD=setup.rows_ahead, FRAME=0)  # fmt: skip
             signature.update({name: "constexpr" for name in constants})
             ptx = build_for_hopper(ASTSource(kernel, signature, constants), setup).asm["ptx"]
             assert_publishes_without_release(ptx)
