@@ -254,7 +254,9 @@ def _merge_chunks(x_ptr, mean, m2, n_seen, start, end, CENTERED: tl.constexpr, B
         x = _load(x_ptr + places, mask)
         if CENTERED:
             n_chunk = (tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW)).to(x.dtype)
-            chunk_mean, chunk_m2 = _chunk_moments(x, mask, n_chunk)
+            # A chunk of no row elements (framed, BLOCK_N <= LOW: the first chunk is the partial run) has M2
+            # and mean 0; its count, 0, weighs it out of the merge.
+            chunk_mean, chunk_m2 = _chunk_moments(x, mask, tl.maximum(n_chunk, 1.0))
             mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
         else:
             m2 += tl.sum(x * x, axis=0)
@@ -410,7 +412,7 @@ def _framed_row_moments(x_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr, B
                         FRAME: tl.constexpr):  # fmt: skip
     """_row_moments of the framed row whose frame starts at x_ptr: the two partial runs first
     (they hold the row's first element, so they count at least one), then the whole runs chunk by
-    chunk (each chunk holds one at least: body_end is past FRAME, the row being two runs long)."""
+    chunk."""
     edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
     x = _load(x_ptr + edges, in_row)
     mean, m2, n_seen = _first_moments(x, in_row, tl.sum(in_row.to(x.dtype), axis=0), CENTERED)

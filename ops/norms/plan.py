@@ -155,6 +155,16 @@ class Tuning:
     # backward_tile_bytes for its tiles.  float64 values take two registers: half
     # the blocks and tiles on the GPU (float64 on CUDA is for tests, not speed).
     max_block: ByKind[int] = ByKind(cuda=32768, cpu=1 << 16)
+    # Rows off 16-byte boundaries longer than framed_max_block take the long rows' two sweeps, which
+    # are framed (whole runs 16 bytes an access), where a tile of whole rows is not.  H200, through the
+    # ops' launch path, time of two sweeps over the tile's at 2000x20001: layer norm bf16 0.37x, float32
+    # 0.52x; RMS norm 0.49x, 0.83x (docs/perf-notes.md, version 54).  Shorter odd rows are not measured.
+    framed_max_block: ByKind[int] = ByKind(cuda=8192, cpu=1 << 16)
+    # Blocks at which layer norm's pivoted tiles (16-bit x) ran slower than the two sweeps: one program an SM
+    # at 16384 columns (42 registers on 32 warps), one row in flight.  H200, two sweeps over the tile:
+    # 8192x12288 0.64x, 4096x10240 0.66x, 4096x16384 0.83x, 2048x16384 0.86x; at 32768 columns 1.25x (kept);
+    # RMS norm and float32 were mixed (0.80-1.40x) and keep their tiles (version 54).
+    pivoted_two_sweep_blocks: tuple[int, ...] = (16384,)
     max_block_backward: ByKind[int] = ByKind(cuda=8192, cpu=1 << 16)
 
     # Short rows are stacked up to about `tile` elements a program (float32; half that for 16-bit
@@ -256,16 +266,20 @@ class Tuning:
     # Its wider setups (rows past 65536 columns) spill at 96 (16-bit) and 128 (float32), not at 128 and 160.  Layer norm's spills at
     # 160 (140 bytes, rows_ahead 1) and stops at 200, but 10 an SM then hold 8 rows of 99 segments at once, not
     # 16 (a multiple of the run, see _held_rows): 1672 us against 1091 at 160 with rows_ahead 1 and 1216 with 2.
+    # Version 54 also: 168 registers a thread run as many programs an SM as 160 (12: 5376 a warp) and spill
+    # less (ptxas: bf16 at 64 segments 16 -> 0 bytes, at 99 60 -> 20, framed 140 -> 108).  H200, through the
+    # op's launch path, 168 over 160: bf16 4096x32768 / 4096x50264 / 4096x50257 / 8192x12288 / 1024x65536 /
+    # 2000x20001 0.98 / 0.94 / 0.98 / 1.00 / 0.96 / 0.95, float32 0.89 / 0.92 / 0.98 / 0.94 / 0.91 / 0.91.
     layer_norm_held: HeldSetups = HeldSetups(
         for_16_bit=(
-            HeldNormSetup(512, 1, 160, 12, max_segments=128, rows_ahead=2),
-            HeldNormSetup(1024, 2, 160, 6, max_segments=128, rows_ahead=2),
+            HeldNormSetup(512, 1, 168, 12, max_segments=128, rows_ahead=2),
+            HeldNormSetup(1024, 2, 168, 6, max_segments=128, rows_ahead=2),
         ),
         for_32_bit=(
-            HeldNormSetup(512, 1, 160, 12, max_segments=128),
-            HeldNormSetup(1024, 2, 160, 6, max_segments=128),
+            HeldNormSetup(512, 1, 168, 12, max_segments=128),
+            HeldNormSetup(1024, 2, 168, 6, max_segments=128),
         ),
-        framed_16_bit=(HeldNormSetup(512, 1, 160, 12, max_segments=128),),
+        framed_16_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=128),),
     )
     # One warp a program up to 128 segments a row, then wider programs (see layer_norm_held).
     rms_norm_held: HeldSetups = HeldSetups(
@@ -436,9 +450,9 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     if n_rows == 0 or n_cols == 0:
         return ForwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
     col_multiple = column_multiple(n_cols)
-    if _fits_a_block(tuning.max_block, meta):
+    pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
+    if _fits_a_block(tuning.max_block, meta) and not _two_sweeps_first(meta, pivoted, tuning):
         block_m, block_n = _row_tile(meta, tuning)
-        pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
         affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
@@ -512,6 +526,15 @@ def _register_limit(limits: ByKind, meta: Meta) -> int:
     return limit // 2 if meta.facts.cuda and meta.x_size == 8 else limit
 
 
+def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
+    """Whether rows that fit a block still take the long rows' two sweeps: rows off 16-byte
+    boundaries past framed_max_block (the sweeps are framed, a tile is not), and on the GPU layer
+    norm's pivoted rows at pivoted_two_sweep_blocks (see Tuning)."""
+    if _frame(meta) and not _fits_a_block(tuning.framed_max_block, meta):
+        return True
+    return meta.facts.cuda and pivoted and next_power_of_2(meta.n_cols) in tuning.pivoted_two_sweep_blocks
+
+
 def _fits_a_block(limits: ByKind, meta: Meta) -> bool:
     """Whether a row is held in one block (the short-row designs)."""
     return next_power_of_2(meta.n_cols) <= _register_limit(limits, meta)
@@ -572,20 +595,31 @@ def _held_rows(meta: Meta, col_multiple: int, tuning: Tuning) -> Optional[HeldRo
     or a row no setup takes (more segments than its max_segments, a row length whose
     column_multiple is not a multiple of the setup's col_multiple, or more segments than the
     grid holds)."""
-    kind = meta.facts.kind
     frame = _frame(meta)
+    held = _held_rows_framed(meta, col_multiple, frame, tuning)
+    if held is None and frame and not meta.centered:
+        # RMS norm held rows off boundaries unframed before version 54 (one-element loads, still faster than
+        # two sweeps there; layer norm's were not: version 32): the framed setups fit fewer rows at once.
+        held = _held_rows_framed(meta, col_multiple, 0, tuning)
+    return held
+
+
+def _held_rows_framed(meta: Meta, col_multiple: int, frame: int, tuning: Tuning) -> Optional[HeldRowsPlan]:
+    """_held_rows with FRAME `frame` (0: rows read from their first element)."""
+    kind = meta.facts.kind
     setups = tuning.held_setups(meta.centered).of(meta.widest, framed=bool(frame))
     if not setups or not tuning.held_rows[kind]:
         return None
+    # A framed row's places run from its frame's start, up to a run less one before its first element.
+    places = meta.n_cols + max(frame - 1, 0)
     if not meta.facts.cuda:
         setup, programs, segment = setups[0], tuning.cpu_programs, tuning.cpu_held_segment
     else:
-        setup = next((s for s in setups if s.takes(meta.n_cols, col_multiple)), None)
+        setup = next((s for s in setups if s.takes(places, col_multiple)), None)
         if setup is None:
             return None
         segment, programs = setup.segment, setup.programs(meta.facts)
-    # A framed row's places run from its frame's start, up to a run less one before its first element.
-    found = fit_rows(meta.n_rows, cdiv(meta.n_cols + max(frame - 1, 0), segment), programs)
+    found = fit_rows(meta.n_rows, cdiv(places, segment), programs)
     if found is None:
         return None
     n_segments, rows_at_once = found

@@ -871,6 +871,35 @@ def test_constant_rows_in_every_design(launched, dtype, tuning, case):
     assert names >= {forward_kernel, *backward_kernels}, names
 
 
+def test_rows_that_fit_a_block_but_take_two_sweeps():
+    """On an H100 plan: rows off 16-byte boundaries past framed_max_block take the framed two sweeps
+    (a tile of whole rows is not framed); layer norm's pivoted rows of a 16384-column block take two
+    sweeps too (one program an SM there); the others keep their tiles."""
+
+    def design(centered, n_cols, size):
+        return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=H100)).design
+
+    assert TUNING.framed_max_block.cuda == 8192 and TUNING.pivoted_two_sweep_blocks == (16384,)
+    assert [design(c, 20001, s) for c in (True, False) for s in (2, 4)] == [LONG_ROWS] * 4
+    assert design(True, 8193, 2) == design(False, 8193, 2) == LONG_ROWS  # framed, past 8192
+    assert design(True, 5001, 2) == design(False, 8191, 4) == SHORT_ROWS  # framed, within 8192
+    assert design(True, 12288, 2) == design(True, 16384, 2) == LONG_ROWS  # pivoted, a 16384-column block
+    assert design(True, 12288, 4) == design(False, 12288, 2) == design(True, 32768, 2) == SHORT_ROWS
+    assert choose_forward_plan(Meta(True, 4096, 12288, 2)).design == SHORT_ROWS  # the interpreter's blocks
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_framed_long_rows_with_chunks_no_longer_than_a_run(op):
+    """Framed long rows swept in chunks of one run (8 bf16): the first chunk holds none of the row's
+    whole runs, and its count of 0 must weigh it out of the merge, not divide by it (NaN)."""
+    x = 3 + torch.randn(3, 65, dtype=torch.bfloat16)
+    weight, bias = params(65, "cpu", torch.bfloat16)
+    tuning = TUNING.with_cpu(max_block=64, chunk=8)
+    assert choose_forward_plan(Meta(op == "layer_norm", 3, 65, 2), tuning).frame == 8
+    got = tuned(op, tuning)(x, weight, bias)
+    assert_close(got, pytorch_norm(op)(x.double(), as64(weight), as64(bias)), torch.bfloat16)
+
+
 def test_the_held_rows_rule():
     """Backward rows past a block held across programs on CUDA, in 16 and 32 bits, by the first setup
     that takes a row (one warp a program up to 128 segments, then wider programs; layer norm's up to
@@ -917,6 +946,12 @@ def test_the_held_rows_rule():
     assert held(True, 4096, 50257, 2) == (ln.framed_16_bit[0], 512, 99, 16)
     assert held(False, 4096, 50257, 2) == (rms.framed_16_bit[0], 512, 99, 16)  # 16 an SM: 21 -> 16
     assert held(False, 4096, 50260, 2) == (rms.framed_16_bit[0], 512, 99, 20)  # 4 mod 8: two rows are whole runs
+    # A setup's segment cap counts a framed row's places (65535 + 7 bf16: 129 segments of 512, past the cap)
+    assert held(False, 4096, 65535, 2)[0] == rms.framed_16_bit[1]
+    # RMS norm's rows no framed setup fits at once are held as before version 54, unframed (150001 bf16:
+    # 74 segments of 2048, 4 programs an SM fit 7 rows at once, not 8); layer norm's take two sweeps
+    plan = choose_backward_plan(Meta(False, 4096, 150001, 2, 2, H100))
+    assert plan.design == HELD_ROWS and plan.held.frame == 0 and plan.held.setup == bf16_wide
     for centered, n_cols, widest, frame in ((True, 50257, 2, 8), (False, 20001, 4, 4), (True, 20008, 4, 0)):
         assert choose_backward_plan(Meta(centered, 4096, n_cols, widest, widest, H100)).held.frame == frame
     assert held(False, 4, 70016, 2, INTERPRETER) is None  # off in the interpreter, unless a tuning turns it on
