@@ -74,9 +74,15 @@ def peeled_frame(row_start, n_cols, RUN: tl.constexpr):
 
 
 @triton.jit
-def frame_edges(skew, body_end, n_cols, RUN: tl.constexpr):
+def partial_run_places(body_end, RUN: tl.constexpr):
     """The places of a framed row's two partial runs, [0, RUN) and [body_end, body_end + RUN), as one
-    block of 2 RUN lanes, and which of them hold the row's elements (at least one: the row's first)."""
+    block of 2 RUN lanes."""
     lane = tl.arange(0, 2 * RUN)
-    place = tl.where(lane < RUN, lane, body_end - RUN + lane)
+    return tl.where(lane < RUN, lane, body_end - RUN + lane)
+
+
+@triton.jit
+def frame_edges(skew, body_end, n_cols, RUN: tl.constexpr):
+    """partial_run_places, and which of them hold the row's elements (at least one: the row's first)."""
+    place = partial_run_places(body_end, RUN)
     return place, (place >= skew) & (place < skew + n_cols)

@@ -24,7 +24,7 @@ of rows that start on a boundary.
 import triton
 import triton.language as tl
 
-from ..blocks.alignment import known_multiple, peeled_frame
+from ..blocks.alignment import frame_edges, known_multiple, peeled_frame
 from ..blocks.held_rows import (
     pack,
     partial_at,
@@ -57,9 +57,8 @@ def _segment_places(first_row, segment, cols, n_cols, SEGMENT: tl.constexpr, FRA
     if FRAME:
         _, skew, body_end = peeled_frame(first_row * n_cols, n_cols, FRAME)
         body = (cols >= FRAME) & (cols < body_end)
-        lane = tl.arange(0, 2 * FRAME)
-        edges = tl.where(lane < FRAME, lane, body_end - FRAME + lane)
-        edge = (edges // SEGMENT == segment) & (edges >= skew) & (edges < skew + n_cols)
+        edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
+        edge = (edges // SEGMENT == segment) & in_row
     return skew, body_end, body, edges, edge
 
 

@@ -9,7 +9,7 @@ that counts for nothing.
 import triton
 import triton.language as tl
 
-from ..blocks.alignment import known_multiple, peeled_frame
+from ..blocks.alignment import known_multiple, partial_run_places, peeled_frame
 from ..blocks.held_rows import (
     pack,
     partial_at,
@@ -61,8 +61,7 @@ def _row_frame(row, n_cols, inner, FRAME: tl.constexpr):
 def _edge_places(segment, body_end, SEGMENT: tl.constexpr, FRAME: tl.constexpr):
     """The frame places of a framed row's partial runs, [0, FRAME) and [body_end, body_end + FRAME),
     and which of them lie in `segment` (a run never straddles two: SEGMENT is a multiple of FRAME)."""
-    lane = tl.arange(0, 2 * FRAME)
-    place = tl.where(lane < FRAME, lane, body_end - FRAME + lane)
+    place = partial_run_places(body_end, FRAME)
     return place, place // SEGMENT == segment
 
 
