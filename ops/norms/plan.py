@@ -139,6 +139,19 @@ class TileException:
 
 
 @dataclass(frozen=True)
+class HeldShortRows:
+    """Backward rows off 16-byte boundaries that fit a block but are held framed (HELD_ROWS) where a
+    setup takes them: those of layer norm (`centered`) or RMS norm whose widest input has
+    `element_size`-byte elements, in blocks of one of `blocks` columns, at least `min_rows` of them.
+    A tile of whole rows is not framed: it moves an element an access."""
+
+    centered: bool
+    element_size: int
+    blocks: tuple[int, ...]
+    min_rows: int = 0
+
+
+@dataclass(frozen=True)
 class Tuning:
     """Every constant of the norms' plans, each with why it is what it is.  Measurements are H100
     numbers from docs/perf-notes.md (the version is named at each); "% of a copy" is bandwidth
@@ -155,17 +168,40 @@ class Tuning:
     # backward_tile_bytes for its tiles.  float64 values take two registers: half
     # the blocks and tiles on the GPU (float64 on CUDA is for tests, not speed).
     max_block: ByKind[int] = ByKind(cuda=32768, cpu=1 << 16)
-    # Rows off 16-byte boundaries longer than framed_max_block take the long rows' two sweeps, which
-    # are framed (whole runs 16 bytes an access), where a tile of whole rows is not.  H200, through the
-    # ops' launch path, time of two sweeps over the tile's at 2000x20001: layer norm bf16 0.37x, float32
-    # 0.52x; RMS norm 0.49x, 0.83x (docs/perf-notes.md, version 54).  Shorter odd rows are not measured.
-    framed_max_block: ByKind[int] = ByKind(cuda=8192, cpu=1 << 16)
+    # Rows off 16-byte boundaries in blocks longer than framed_max_block (by x's element size) take the
+    # long rows' two sweeps, which are framed (whole runs 16 bytes an access), where a tile of whole rows
+    # is not.  H200, time of two sweeps over the tile's at 2000x20001: layer norm bf16 0.37x, float32
+    # 0.52x; RMS norm 0.49x, 0.83x (docs/perf-notes.md, version 54).  Version 55 (H200, CUDA-graph
+    # times), two sweeps over the tile at blocks of 1024 / 2048 / 4096 / 8192 columns (4096x1001,
+    # 8192x1537; 4096x2049, 4096x3001, 4095x4095; 4096x5001, 2048x7001, 4096x8191): layer norm bf16 2.79 /
+    # 1.96 / 0.96-1.01 / 0.78-0.85, RMS norm bf16 1.94 / 1.39 / 0.80-0.82 / 0.65-0.72; layer norm float32
+    # 3.04 / 1.72 / 0.96 / 0.76-0.81, RMS norm float32 2.22 / 1.31 / 1.02-1.09 / 0.88-0.97.  float64
+    # (tests only) keeps 8192.
+    framed_max_block: ByKind[tuple[tuple[int, int], ...]] = ByKind(cuda=((2, 2048), (4, 4096), (8, 8192)), cpu=())
     # Blocks at which layer norm's pivoted tiles (16-bit x) ran slower than the two sweeps: one program an SM
     # at 16384 columns (42 registers on 32 warps), one row in flight.  H200, two sweeps over the tile:
     # 8192x12288 0.64x, 4096x10240 0.66x, 4096x16384 0.83x, 2048x16384 0.86x; at 32768 columns 1.25x (kept);
     # RMS norm and float32 were mixed (0.80-1.40x) and keep their tiles (version 54).
     pivoted_two_sweep_blocks: tuple[int, ...] = (16384,)
     max_block_backward: ByKind[int] = ByKind(cuda=8192, cpu=1 << 16)
+    # Backward rows off 16-byte boundaries that fit a block, held framed where a setup takes them (see
+    # the held setups), not tiled.  H200, CUDA-graph times, held over the tile at blocks of 1024 / 2048 /
+    # 4096 / 8192 columns (the shapes of framed_max_block's; version 55): layer norm bf16 0.49 / 1.07 /
+    # 0.46-0.59 / 0.46-0.69, RMS norm bf16 0.55 / 1.23 / 0.45-0.59 / 0.42-0.58; layer norm float32 1.22 /
+    # 1.38 / 0.87-1.33 / 0.73-1.02, RMS norm float32 1.08 / 1.16 / 0.76-1.00 / 0.56-0.66.  The 16-bit tiles
+    # of 2048 columns run two an SM (backward_exceptions) and keep them; blocks under 1024 columns were not
+    # measured and keep theirs.  Fewer rows: held over the tile at 64x3001 / 256x5001 / 512x2049 / 100x8191
+    # 0.22-0.40 in every op and dtype (few rows leave the tile's design few programs: min_rows_per_program),
+    # but at 1000x1001 layer norm 0.75 and RMS norm 0.57 (bf16; float32 0.79, 0.79): 1024-column blocks are
+    # held from 2048 rows, between the 1000 that lost and the 4096 that won (not measured between).
+    held_short_rows: tuple[HeldShortRows, ...] = (
+        HeldShortRows(True, 2, (4096, 8192)),
+        HeldShortRows(False, 2, (4096, 8192)),
+        HeldShortRows(True, 2, (1024,), min_rows=2048),
+        HeldShortRows(False, 2, (1024,), min_rows=2048),
+        HeldShortRows(True, 4, (8192,)),
+        HeldShortRows(False, 4, (4096, 8192)),
+    )
 
     # Short rows are stacked up to about `tile` elements a program (float32; half that for 16-bit
     # rows on the GPU), `forward_per_thread` a thread.  H100, forward, % of a copy, tiles of 4096
@@ -466,8 +502,9 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
 
 
 def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
-    """Short rows in persistent tiles, long rows held on chip where a setup takes them, else two
-    sweeps; then the column sum of the dw/db scratch (see the module docstring)."""
+    """Short rows in persistent tiles (those off 16-byte boundaries of Tuning.held_short_rows held
+    where a setup takes them), long rows held on chip where a setup takes them, else two sweeps; then
+    the column sum of the dw/db scratch (see the module docstring)."""
     n_rows, n_cols = meta.n_rows, meta.n_cols
     if n_rows == 0 or n_cols == 0:
         return BackwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
@@ -479,19 +516,19 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
     common = dict(
         centered=meta.centered, n_rows=n_rows, n_cols=n_cols, col_multiple=col_multiple, column_sum=column_sum
     )
-    widest = meta.widest
-    if _fits_a_block(tuning.max_block_backward, meta):
-        block_m, block_n, warps, per_sm = backward_tile(meta, tuning)
-        programs = _partial_rows(cdiv(n_rows, block_m), n_rows, _target_programs(meta, tuning, per_sm), tuning)
-        return BackwardPlan(
-            design=SHORT_ROWS, grid=(programs,), partial_rows=programs, block_m=block_m, block_n=block_n, warps=warps,
-            load_ahead=block_m * block_n * widest <= tuning.load_ahead_bytes, **common,
-        )  # fmt: skip
-    held = _held_rows(meta, col_multiple, tuning)
+    short = _fits_a_block(tuning.max_block_backward, meta)
+    held = _held_rows(meta, col_multiple, tuning) if not short or _held_first(meta, tuning) else None
     if held is not None:
         return BackwardPlan(
             design=HELD_ROWS, grid=(held.rows_at_once * held.n_segments,), partial_rows=held.rows_at_once, held=held,
             **common,
+        )  # fmt: skip
+    if short:
+        block_m, block_n, warps, per_sm = backward_tile(meta, tuning)
+        programs = _partial_rows(cdiv(n_rows, block_m), n_rows, _target_programs(meta, tuning, per_sm), tuning)
+        return BackwardPlan(
+            design=SHORT_ROWS, grid=(programs,), partial_rows=programs, block_m=block_m, block_n=block_n, warps=warps,
+            load_ahead=block_m * block_n * meta.widest <= tuning.load_ahead_bytes, **common,
         )  # fmt: skip
     chunk = tuning.chunk[kind]
     n_chunks = cdiv(n_cols, chunk)
@@ -528,11 +565,25 @@ def _register_limit(limits: ByKind, meta: Meta) -> int:
 
 def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
     """Whether rows that fit a block still take the long rows' two sweeps: rows off 16-byte
-    boundaries past framed_max_block (the sweeps are framed, a tile is not), and on the GPU layer
-    norm's pivoted rows at pivoted_two_sweep_blocks (see Tuning)."""
-    if _frame(meta) and not _fits_a_block(tuning.framed_max_block, meta):
+    boundaries in blocks past framed_max_block (the sweeps are framed, a tile is not), and on the GPU
+    layer norm's pivoted rows at pivoted_two_sweep_blocks (see Tuning)."""
+    block = next_power_of_2(meta.n_cols)
+    framed_max = dict(tuning.framed_max_block[meta.facts.kind]).get(meta.x_size)
+    if _frame(meta) and framed_max is not None and block > framed_max:
         return True
-    return meta.facts.cuda and pivoted and next_power_of_2(meta.n_cols) in tuning.pivoted_two_sweep_blocks
+    return meta.facts.cuda and pivoted and block in tuning.pivoted_two_sweep_blocks
+
+
+def _held_first(meta: Meta, tuning: Tuning) -> bool:
+    """Whether backward rows that fit a block are held (framed) where a setup takes them: rows off
+    16-byte boundaries of the op, element size and block of one of Tuning.held_short_rows."""
+    block = next_power_of_2(meta.n_cols)
+    return bool(_frame(meta)) and any(
+        (rule.centered, rule.element_size) == (meta.centered, meta.widest)
+        and block in rule.blocks
+        and meta.n_rows >= rule.min_rows
+        for rule in tuning.held_short_rows
+    )
 
 
 def _fits_a_block(limits: ByKind, meta: Meta) -> bool:

@@ -38,6 +38,7 @@ from ops.norms.plan import (
     ByKind,
     HeldNormSetup,
     HeldSetups,
+    HeldShortRows,
     Meta,
     backward_tile,
     choose_backward_plan,
@@ -872,17 +873,26 @@ def test_constant_rows_in_every_design(launched, dtype, tuning, case):
 
 
 def test_rows_that_fit_a_block_but_take_two_sweeps():
-    """On an H100 plan: rows off 16-byte boundaries past framed_max_block take the framed two sweeps
-    (a tile of whole rows is not framed); layer norm's pivoted rows of a 16384-column block take two
-    sweeps too (one program an SM there); the others keep their tiles."""
+    """On an H100 plan: rows off 16-byte boundaries in blocks past framed_max_block (2048 columns of
+    16-bit x, 4096 of 32-bit, 8192 of float64) take the framed two sweeps (a tile of whole rows is not
+    framed); layer norm's pivoted rows of a 16384-column block take two sweeps too (one program an SM
+    there); the others keep their tiles, and the interpreter keeps every tile."""
 
-    def design(centered, n_cols, size):
-        return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=H100)).design
+    def design(centered, n_cols, size, facts=H100):
+        return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=facts)).design
 
-    assert TUNING.framed_max_block.cuda == 8192 and TUNING.pivoted_two_sweep_blocks == (16384,)
+    assert TUNING.framed_max_block.cuda == ((2, 2048), (4, 4096), (8, 8192))
+    assert TUNING.pivoted_two_sweep_blocks == (16384,)
     assert [design(c, 20001, s) for c in (True, False) for s in (2, 4)] == [LONG_ROWS] * 4
-    assert design(True, 8193, 2) == design(False, 8193, 2) == LONG_ROWS  # framed, past 8192
-    assert design(True, 5001, 2) == design(False, 8191, 4) == SHORT_ROWS  # framed, within 8192
+    for centered in (True, False):
+        # 16-bit: odd rows of a 4096-column block and wider take two sweeps; 2048-column blocks keep tiles
+        assert [design(centered, n, 2) for n in (1001, 1537, 2049, 4095, 5001, 8191)] == [SHORT_ROWS] * 2 + [LONG_ROWS] * 4
+        # 32-bit: from 8192-column blocks (8190 float32 columns: 8 bytes past a boundary a row)
+        assert [design(centered, n, 4) for n in (1001, 3001, 4095, 4097, 8190)] == [SHORT_ROWS] * 3 + [LONG_ROWS] * 2
+        assert design(centered, 8191, 8) == SHORT_ROWS and design(centered, 8193, 8) == LONG_ROWS  # float64
+        # aligned rows keep their tiles (2056 bf16 = 257 runs), as does the interpreter
+        assert design(centered, 2056, 2) == design(centered, 4100, 4) == SHORT_ROWS
+        assert design(centered, 5001, 2, INTERPRETER) == SHORT_ROWS
     assert design(True, 12288, 2) == design(True, 16384, 2) == LONG_ROWS  # pivoted, a 16384-column block
     assert design(True, 12288, 4) == design(False, 12288, 2) == design(True, 32768, 2) == SHORT_ROWS
     assert choose_forward_plan(Meta(True, 4096, 12288, 2)).design == SHORT_ROWS  # the interpreter's blocks
@@ -959,6 +969,73 @@ def test_the_held_rows_rule():
     assert choose_backward_plan(Meta(False, 4, 100, 2, 2), HELD).design == HELD_ROWS
 
 
+def test_short_rows_off_boundaries_held_in_the_backward():
+    """On an H100 plan: backward rows off 16-byte boundaries that fit a block are held framed where
+    Tuning.held_short_rows names their op, widest element size and block (16-bit: blocks of 4096 and
+    8192 columns, and of 1024 from 2048 rows; not 2048, whose tiles run two an SM; RMS norm float32
+    from 4096, layer norm float32 at 8192); aligned rows, other blocks, float64 and the interpreter
+    keep their tiles."""
+
+    def plan(centered, n_cols, widest, n_rows=4096, facts=H100):
+        return choose_backward_plan(Meta(centered, n_rows, n_cols, widest, widest, facts))
+
+    def design(centered, n_cols, widest, **kw):
+        return plan(centered, n_cols, widest, **kw).design
+
+    assert TUNING.held_short_rows == (
+        HeldShortRows(True, 2, (4096, 8192)),
+        HeldShortRows(False, 2, (4096, 8192)),
+        HeldShortRows(True, 2, (1024,), min_rows=2048),
+        HeldShortRows(False, 2, (1024,), min_rows=2048),
+        HeldShortRows(True, 4, (8192,)),
+        HeldShortRows(False, 4, (4096, 8192)),
+    )
+    for centered in (True, False):
+        assert [design(centered, n, 2) for n in (1001, 1537, 2049, 4095, 5001, 8191)] == [
+            HELD_ROWS, SHORT_ROWS, HELD_ROWS, HELD_ROWS, HELD_ROWS, HELD_ROWS,
+        ]  # fmt: skip
+        assert [design(centered, n, 2) for n in (1000, 2056, 4104, 8184)] == [SHORT_ROWS] * 4  # aligned
+        assert design(centered, 513, 2) == HELD_ROWS and design(centered, 511, 2) == SHORT_ROWS  # blocks of 1024, 512
+        # 1024-column blocks from 2048 rows; wider blocks at any count
+        assert design(centered, 1001, 2, n_rows=2048) == HELD_ROWS and design(centered, 1001, 2, n_rows=2047) == SHORT_ROWS
+        assert design(centered, 3001, 2, n_rows=64) == design(centered, 8191, 2, n_rows=100) == HELD_ROWS
+    # float32: RMS norm from a 4096-column block, layer norm at 8192
+    assert [design(False, n, 4) for n in (1001, 1537, 3001, 5001)] == [SHORT_ROWS, SHORT_ROWS, HELD_ROWS, HELD_ROWS]
+    assert [design(True, n, 4) for n in (1001, 3001, 5001, 8191)] == [SHORT_ROWS, SHORT_ROWS, HELD_ROWS, HELD_ROWS]
+    assert design(True, 4095, 8) == design(False, 3001, 8) == SHORT_ROWS  # float64 has no held setups
+    assert design(True, 5001, 2, facts=INTERPRETER) == SHORT_ROWS  # held rows are off there
+    # A held short row is framed and takes the framed setup; 4096 rows of 5001 bf16 columns: 10 segments of
+    # 512 places (5001 + 7), 12 programs an SM: 158 rows of the grid's 1584, down to a multiple of the run
+    held = plan(True, 5001, 2).held
+    assert (held.frame, held.setup, held.n_segments, held.rows_at_once) == (8, TUNING.layer_norm_held.framed_16_bit[0], 10, 152)
+    # A grad of float32 for a 16-bit x: the widest input is 32-bit; layer norm's rule there is 8192 only
+    assert choose_backward_plan(Meta(True, 4096, 3001, 2, 4, H100)).design == SHORT_ROWS
+    assert choose_backward_plan(Meta(False, 4096, 3001, 2, 4, H100)).design == HELD_ROWS
+    # Rows no setup fits at once fall back to the tile, not to two sweeps: a setup that takes no row
+    none_fit = dataclasses.replace(
+        TUNING, layer_norm_held=dataclasses.replace(TUNING.layer_norm_held, framed_16_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=4),))
+    )
+    assert choose_backward_plan(Meta(True, 4096, 5001, 2, 2, H100), none_fit).design == SHORT_ROWS
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_short_rows_held_by_the_rule_match_float64(launched, op):
+    """Rows that fit a block, off 16-byte boundaries (101 bf16 columns), held through the rule of
+    Tuning.held_short_rows in the interpreter: the held kernel runs, and the gradients match float64."""
+    rule = HeldShortRows(op == "layer_norm", 2, (128,))
+    tuning = dataclasses.replace(TUNING.with_cpu(held_rows=True), held_short_rows=(rule,), cpu_programs=32)
+    assert choose_backward_plan(Meta(op == "layer_norm", 24, 101, 2, 2), tuning).design == HELD_ROWS
+    assert choose_backward_plan(Meta(op == "layer_norm", 24, 101, 2, 2), TUNING.with_cpu(held_rows=True)).design == SHORT_ROWS
+    x = 5 + torch.randn(24, 101, dtype=torch.bfloat16)
+    weight, bias = params(101, "cpu", torch.bfloat16)
+    bias = bias if op == "layer_norm" else None
+    leaves = [x.requires_grad_(), weight.requires_grad_(), None if bias is None else bias.requires_grad_()]
+    launched.clear()
+    check_gradients(tuned(op, tuning), pytorch_norm(op), leaves, torch.bfloat16)
+    names = [name for name, *_ in launched]
+    assert f"{op}_backward_held_kernel" in names and f"{op}_backward_kernel" not in names, names
+
+
 def test_the_held_plan_follows_the_call():
     """What the held kernel is launched with comes from its setup and the call: layer norm publishes
     two words a segment and takes FULL (rows of whole segments, moments unmasked), RMS norm one word
@@ -1019,13 +1096,16 @@ def _backward_planned(op, grad, x, weight, bias, tuning=TUNING, **meta_changes):
 def test_norm_held_rows_on_the_gpu(launched, op, dtype):
     """Rows held across programs on the GPU: rows not cut evenly by segments and rows of whole ones
     (layer norm's moments unmasked), rows not cut evenly by rounds, both setups of each op, rows off
-    16-byte boundaries held framed (20001 and 70001 columns; 20004 in 16 bits), against float64; and a
+    16-byte boundaries held framed (20001 and 70001 columns; 20004 in 16 bits; rows that fit a block),
+    against float64; and a
     run in which no program waits (each computes its rows' partials itself) gives the same bits as the
     run in which they read each other's words, as does a run in which the kernel starts only after its
     scratch fill ends."""
     torch_fn = pytorch_norm(op)
-    rms_cases = [(1000, 20001), (40, 70001), (999, 20004)]
-    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072), (1000, 20001), (999, 20004)]  # 3, 4: 1024 a program
+    # and rows that fit a block, off 16-byte boundaries, held by Tuning.held_short_rows: 3001 (RMS norm) and
+    # 5001 (layer norm) columns in every dtype here
+    rms_cases = [(1000, 20001), (40, 70001), (999, 20004), (999, 3001)]
+    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072), (1000, 20001), (999, 20004), (999, 5001)]  # 3, 4: 1024 a program
     for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
         x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
         grad = torch.randn_like(x)
