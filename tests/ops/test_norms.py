@@ -874,22 +874,23 @@ def test_constant_rows_in_every_design(launched, dtype, tuning, case):
 
 def test_rows_that_fit_a_block_but_take_two_sweeps():
     """On an H100 plan: rows off 16-byte boundaries in blocks past framed_max_block (2048 columns of
-    16-bit x, 4096 of 32-bit, 8192 of float64) take the framed two sweeps (a tile of whole rows is not
+    16-bit x, 4096 of 32-bit and of float64) take the framed two sweeps (a tile of whole rows is not
     framed); layer norm's pivoted rows of a 16384-column block take two sweeps too (one program an SM
     there); the others keep their tiles, and the interpreter keeps every tile."""
 
     def design(centered, n_cols, size, facts=H100):
         return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=facts)).design
 
-    assert TUNING.framed_max_block.cuda == ((2, 2048), (4, 4096), (8, 8192))
+    assert TUNING.framed_max_block.cuda == ((2, 2048), (4, 4096), (8, 4096))
     assert TUNING.pivoted_two_sweep_blocks == (16384,)
     assert [design(c, 20001, s) for c in (True, False) for s in (2, 4)] == [LONG_ROWS] * 4
     for centered in (True, False):
         # 16-bit: odd rows of a 4096-column block and wider take two sweeps; 2048-column blocks keep tiles
-        assert [design(centered, n, 2) for n in (1001, 1537, 2049, 4095, 5001, 8191)] == [SHORT_ROWS] * 2 + [LONG_ROWS] * 4
+        odd_16_bit = [design(centered, n, 2) for n in (1001, 1537, 2049, 4095, 5001, 8191)]
+        assert odd_16_bit == [SHORT_ROWS] * 2 + [LONG_ROWS] * 4
         # 32-bit: from 8192-column blocks (8190 float32 columns: 8 bytes past a boundary a row)
         assert [design(centered, n, 4) for n in (1001, 3001, 4095, 4097, 8190)] == [SHORT_ROWS] * 3 + [LONG_ROWS] * 2
-        assert design(centered, 8191, 8) == SHORT_ROWS and design(centered, 8193, 8) == LONG_ROWS  # float64
+        assert design(centered, 4095, 8) == SHORT_ROWS and design(centered, 4097, 8) == LONG_ROWS  # float64
         # aligned rows keep their tiles (2056 bf16 = 257 runs), as does the interpreter
         assert design(centered, 2056, 2) == design(centered, 4100, 4) == SHORT_ROWS
         assert design(centered, 5001, 2, INTERPRETER) == SHORT_ROWS
@@ -997,7 +998,8 @@ def test_short_rows_off_boundaries_held_in_the_backward():
         assert [design(centered, n, 2) for n in (1000, 2056, 4104, 8184)] == [SHORT_ROWS] * 4  # aligned
         assert design(centered, 513, 2) == HELD_ROWS and design(centered, 511, 2) == SHORT_ROWS  # blocks of 1024, 512
         # 1024-column blocks from 2048 rows; wider blocks at any count
-        assert design(centered, 1001, 2, n_rows=2048) == HELD_ROWS and design(centered, 1001, 2, n_rows=2047) == SHORT_ROWS
+        assert design(centered, 1001, 2, n_rows=2048) == HELD_ROWS
+        assert design(centered, 1001, 2, n_rows=2047) == SHORT_ROWS
         assert design(centered, 3001, 2, n_rows=64) == design(centered, 8191, 2, n_rows=100) == HELD_ROWS
     # float32: RMS norm from a 4096-column block, layer norm at 8192
     assert [design(False, n, 4) for n in (1001, 1537, 3001, 5001)] == [SHORT_ROWS, SHORT_ROWS, HELD_ROWS, HELD_ROWS]
@@ -1007,15 +1009,23 @@ def test_short_rows_off_boundaries_held_in_the_backward():
     # A held short row is framed and takes the framed setup; 4096 rows of 5001 bf16 columns: 10 segments of
     # 512 places (5001 + 7), 12 programs an SM: 158 rows of the grid's 1584, down to a multiple of the run
     held = plan(True, 5001, 2).held
-    assert (held.frame, held.setup, held.n_segments, held.rows_at_once) == (8, TUNING.layer_norm_held.framed_16_bit[0], 10, 152)
+    framed_setup = TUNING.layer_norm_held.framed_16_bit[0]
+    assert (held.frame, held.setup, held.n_segments, held.rows_at_once) == (8, framed_setup, 10, 152)
     # A grad of float32 for a 16-bit x: the widest input is 32-bit; layer norm's rule there is 8192 only
     assert choose_backward_plan(Meta(True, 4096, 3001, 2, 4, H100)).design == SHORT_ROWS
     assert choose_backward_plan(Meta(False, 4096, 3001, 2, 4, H100)).design == HELD_ROWS
-    # Rows no setup fits at once fall back to the tile, not to two sweeps: a setup that takes no row
+    # Rows no framed setup fits fall back to the tile: not to two sweeps, and in RMS norm not to its unframed
+    # held rows (which long rows fall back to), an element an access as the tile
+    no_row_fits = (HeldNormSetup(512, 1, 168, 12, max_segments=4),)
     none_fit = dataclasses.replace(
-        TUNING, layer_norm_held=dataclasses.replace(TUNING.layer_norm_held, framed_16_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=4),))
+        TUNING,
+        layer_norm_held=dataclasses.replace(TUNING.layer_norm_held, framed_16_bit=no_row_fits),
+        rms_norm_held=dataclasses.replace(TUNING.rms_norm_held, framed_16_bit=no_row_fits),
     )
-    assert choose_backward_plan(Meta(True, 4096, 5001, 2, 2, H100), none_fit).design == SHORT_ROWS
+    for centered in (True, False):
+        assert choose_backward_plan(Meta(centered, 4096, 5001, 2, 2, H100), none_fit).design == SHORT_ROWS
+    long_rows = choose_backward_plan(Meta(False, 4096, 20001, 2, 2, H100), none_fit)
+    assert long_rows.design == HELD_ROWS and long_rows.held.frame == 0  # long rows do fall back, unframed
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
@@ -1024,8 +1034,9 @@ def test_short_rows_held_by_the_rule_match_float64(launched, op):
     Tuning.held_short_rows in the interpreter: the held kernel runs, and the gradients match float64."""
     rule = HeldShortRows(op == "layer_norm", 2, (128,))
     tuning = dataclasses.replace(TUNING.with_cpu(held_rows=True), held_short_rows=(rule,), cpu_programs=32)
-    assert choose_backward_plan(Meta(op == "layer_norm", 24, 101, 2, 2), tuning).design == HELD_ROWS
-    assert choose_backward_plan(Meta(op == "layer_norm", 24, 101, 2, 2), TUNING.with_cpu(held_rows=True)).design == SHORT_ROWS
+    meta = Meta(op == "layer_norm", 24, 101, 2, 2)
+    assert choose_backward_plan(meta, tuning).design == HELD_ROWS
+    assert choose_backward_plan(meta, TUNING.with_cpu(held_rows=True)).design == SHORT_ROWS
     x = 5 + torch.randn(24, 101, dtype=torch.bfloat16)
     weight, bias = params(101, "cpu", torch.bfloat16)
     bias = bias if op == "layer_norm" else None
@@ -1105,7 +1116,8 @@ def test_norm_held_rows_on_the_gpu(launched, op, dtype):
     # and rows that fit a block, off 16-byte boundaries, held by Tuning.held_short_rows: 3001 (RMS norm) and
     # 5001 (layer norm) columns in every dtype here
     rms_cases = [(1000, 20001), (40, 70001), (999, 20004), (999, 3001)]
-    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072), (1000, 20001), (999, 20004), (999, 5001)]  # 3, 4: 1024 a program
+    # 3, 4: 1024 a program
+    ln_cases = [(1000, 20000), (600, 20480), (40, 70016), (30, 131072), (1000, 20001), (999, 20004), (999, 5001)]
     for n_rows, n_cols in rms_cases if op == "rms_norm" else ln_cases:
         x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
         grad = torch.randn_like(x)
