@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -242,7 +243,9 @@ def test_variant_that_cannot_be_captured_in_a_cuda_graph(tmp_path, spec):
              if line.startswith("| variant") or line.startswith("| eager")]  # fmt: skip
     column = [cell.strip() for cell in table[0]].index("CUDA graph (vs eager)")
     cells = {row[0].strip().rstrip(" *"): row[column].strip() for row in table[1:]}
-    assert cells["eager-sync"] == "" and cells["eager"].endswith("(1.00x)"), cells
+    # eager's cell is its graph time against itself, marked "~" where its timed calls spread (other tests
+    # running beside it on the GPU spread a 2-µs replay)
+    assert cells["eager-sync"] == "" and re.fullmatch(r"\S+ [nµm]?s( ~)? \(1\.00x( ~)?\)", cells["eager"]), cells
 
 
 def test_compile_that_fails(logs, spec, monkeypatch):
