@@ -8,11 +8,11 @@ a tile that does not cover a row, held rows whose segments do not cover a row's 
 the grid, framed rows that share no skew, a framed design where the rows need none.
 """
 
-import dataclasses
 import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_strategies import DEVICES, ELEMENT_SIZES, row_counts, row_lengths
 
 from ops.blocks.alignment import frame_run
 from ops.blocks.sizes import cdiv, next_power_of_2
@@ -26,22 +26,9 @@ from ops.norms.plan import (
     choose_backward_plan,
     choose_forward_plan,
 )
-from ops.runtime import H100, INTERPRETER
 
-# Row lengths: small, odd, each side of the blocks (powers of two) and of GPT-2's vocabulary.
-EDGES = [1 << k for k in range(4, 21)]
-N_COLS = st.one_of(
-    st.integers(0, 300),
-    st.integers(1, 1 << 20),
-    st.sampled_from(EDGES).flatmap(lambda b: st.sampled_from([b - 1, b, b + 1, b + 7])),
-    st.sampled_from([1001, 3001, 4095, 5001, 7001, 8191, 20001, 50257, 70001, 151936]),
-)
-N_ROWS = st.one_of(st.integers(0, 64), st.integers(1, 1 << 16), st.sampled_from([1000, 2047, 2048, 4095, 8191]))
-FACTS = st.sampled_from(
-    [H100, dataclasses.replace(H100, sm_count=8), dataclasses.replace(H100, sm_count=1), INTERPRETER]
-)
-# (x's element size, the incoming gradient's): 16-bit x may get a float32 gradient (an autocast result's)
-SIZES = st.sampled_from([(2, 2), (2, 4), (4, 4), (8, 8)])
+N_COLS = row_lengths(0, 20, segments=(512, 1024, 2048))
+N_ROWS = row_counts(0)
 SETTINGS = settings(max_examples=400, derandomize=True, database=None, deadline=None)
 
 
@@ -51,7 +38,7 @@ def _block_limit(limit: int, x_size: int, facts) -> int:
 
 
 @SETTINGS
-@given(centered=st.booleans(), n_rows=N_ROWS, n_cols=N_COLS, sizes=SIZES, facts=FACTS)
+@given(centered=st.booleans(), n_rows=N_ROWS, n_cols=N_COLS, sizes=ELEMENT_SIZES, facts=DEVICES)
 def test_every_forward_plan_covers_its_rows(centered, n_rows, n_cols, sizes, facts):
     x_size = sizes[0]
     plan = choose_forward_plan(Meta(centered, n_rows, n_cols, x_size, facts=facts))
@@ -74,7 +61,7 @@ def test_every_forward_plan_covers_its_rows(centered, n_rows, n_cols, sizes, fac
 
 
 @SETTINGS
-@given(centered=st.booleans(), n_rows=N_ROWS, n_cols=N_COLS, sizes=SIZES, facts=FACTS)
+@given(centered=st.booleans(), n_rows=N_ROWS, n_cols=N_COLS, sizes=ELEMENT_SIZES, facts=DEVICES)
 def test_every_backward_plan_covers_its_rows_and_fits_its_grid(centered, n_rows, n_cols, sizes, facts):
     x_size, grad_size = sizes
     plan = choose_backward_plan(Meta(centered, n_rows, n_cols, x_size, grad_size, facts))
