@@ -356,6 +356,11 @@ class Tuning:
         unknown = set(values) - per_kind
         if unknown:
             raise TypeError(f"Tuning.with_cpu: {sorted(unknown)} are not per-kind fields ({sorted(per_kind)})")
+        for name, value in values.items():
+            current = getattr(self, name).cpu
+            if not isinstance(value, type(current)):  # e.g. framed_max_block's (element size, block) pairs
+                kind = type(current).__name__
+                raise TypeError(f"Tuning.with_cpu: {name} takes a {kind} like {current!r}, not {value!r}")
         return replace(self, **{name: replace(getattr(self, name), cpu=v) for name, v in values.items()})
 
 
@@ -577,7 +582,8 @@ def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
     boundaries in blocks past framed_max_block (the sweeps are framed, a tile is not), and on the GPU
     layer norm's pivoted rows at pivoted_two_sweep_blocks (see Tuning)."""
     block = next_power_of_2(meta.n_cols)
-    framed_max = dict(tuning.framed_max_block[meta.facts.kind]).get(meta.x_size)
+    limits = tuning.framed_max_block[meta.facts.kind]
+    framed_max = next((limit for size, limit in limits if size == meta.x_size), None)
     if _frame(meta) and framed_max is not None and block > framed_max:
         return True
     return meta.facts.cuda and pivoted and block in tuning.pivoted_two_sweep_blocks

@@ -1085,6 +1085,10 @@ def test_a_tuning_shrinks_the_interpreters_constants_only():
     assert dataclasses.replace(small, max_block=TUNING.max_block, column_sum_block=TUNING.column_sum_block) == TUNING
     with pytest.raises(TypeError, match="not per-kind fields"):
         TUNING.with_cpu(cpu_programs=8)
+    # framed_max_block holds (element size, block) pairs: a bare block is refused by name, not deep in a plan
+    with pytest.raises(TypeError, match=r"framed_max_block takes a tuple like \(\), not 4096"):
+        TUNING.with_cpu(framed_max_block=4096)
+    assert TUNING.with_cpu(framed_max_block=((2, 64),)).framed_max_block.cpu == ((2, 64),)
 
 
 def _backward_planned(op, grad, x, weight, bias, tuning=TUNING, **meta_changes):
