@@ -442,6 +442,77 @@ def _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTER
     tl.store(y_ptr + edges, y_edges.to(y_ptr.dtype.element_ty), mask=in_row)
 
 
+# Short rows off 16-byte boundaries, read once and 16 bytes an access.  A tile's rows share one skew (their
+# first column's place in their frames): rows SKEWS apart, SKEWS = FRAME / gcd(n_cols, FRAME), start the same
+# distance past a boundary.  So the tile's rows are framed alike, and w and b, read at the rows' columns
+# (place - skew, an element an access), are read once for all of them.
+
+
+@triton.jit
+def _framed_standardize(x, in_body, x_edges, in_edges, pivot, n_cols, eps, CENTERED: tl.constexpr,
+                        PIVOTED: tl.constexpr):  # fmt: skip
+    """(xhat, xhat_edges) of framed rows held as two pieces, the whole runs (x) and the partial ones
+    (x_edges), 0 where masked: _standardize_pivoted's statistics (PIVOTED) or _standardize's (_center's
+    corrected mean), each sum over a row the sum of its two pieces'."""
+    if CENTERED:
+        if PIVOTED:
+            x = tl.where(in_body, x - pivot, 0.0)
+            x_edges = tl.where(in_edges, x_edges - pivot, 0.0)
+        mean = exact_div(tl.sum(x, axis=1) + tl.sum(x_edges, axis=1), n_cols)[:, None]
+        x = tl.where(in_body, x - mean, 0.0)
+        x_edges = tl.where(in_edges, x_edges - mean, 0.0)
+        if not PIVOTED:  # _center's correction
+            shift = exact_div(tl.sum(x, axis=1) + tl.sum(x_edges, axis=1), n_cols)[:, None]
+            x = tl.where(in_body, x - shift, 0.0)
+            x_edges = tl.where(in_edges, x_edges - shift, 0.0)
+    rstd = _rstd(tl.sum(x * x, axis=1) + tl.sum(x_edges * x_edges, axis=1), n_cols, eps)[:, None]
+    return x * rstd, x_edges * rstd
+
+
+@triton.jit
+def normalize_framed_rows(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr,
+    FRAME: tl.constexpr, SKEWS: tl.constexpr,
+):  # fmt: skip
+    """Short rows off 16-byte boundaries: a tile of BLOCK_M whole rows of one skew a program (program p
+    takes rows p % SKEWS + SKEWS k), each read once in its frame: the whole runs as a (BLOCK_M, BLOCK_N)
+    block of places [FRAME, FRAME + BLOCK_N) under masks whose bounds are multiples of FRAME (16 bytes an
+    access), the two partial runs apart (ops/blocks/alignment.py).  BLOCK_N is at least the row's length:
+    its whole runs end before FRAME + n_cols."""
+    skew_class = tl.program_id(0) % SKEWS
+    first_start = skew_class.to(tl.int64) * n_cols
+    skew = (first_start - known_multiple(first_start, FRAME)).to(tl.int32)
+    body_end = known_multiple(skew + n_cols, FRAME)
+    # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
+    tile = (tl.program_id(0) // SKEWS).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    rows = skew_class + SKEWS * tile
+    frames = known_multiple(rows * n_cols, FRAME)  # each row's frame: its start less the skew
+    places = FRAME + tl.arange(0, BLOCK_N)[None, :]
+    edges, edge_in_row = frame_edges(skew, body_end, n_cols, FRAME)
+    edges, edge_in_row = edges[None, :], edge_in_row[None, :]
+    in_body = (rows < n_rows) & (places < body_end)
+    in_edges = (rows < n_rows) & edge_in_row
+    # w and b once for the tile's rows, at their columns (place - skew); AFFINE_FIRST as normalize_rows'.
+    if AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, places - skew, places < body_end, HAS_WEIGHT, HAS_BIAS, "evict_last")
+        w_edges, b_edges = _load_affine(w_ptr, b_ptr, edges - skew, edge_in_row, HAS_WEIGHT, HAS_BIAS, "evict_last")
+    x = _load(x_ptr + frames + places, in_body)
+    x_edges = _load(x_ptr + frames + edges, in_edges)
+    pivot = 0.0
+    if PIVOTED:
+        pivot = _pivots(x_ptr, rows, n_rows, n_cols, CENTERED)
+    xhat, xhat_edges = _framed_standardize(x, in_body, x_edges, in_edges, pivot, n_cols, eps, CENTERED, PIVOTED)
+    if not AFFINE_FIRST:
+        w, b = _load_affine(w_ptr, b_ptr, places - skew, places < body_end, HAS_WEIGHT, HAS_BIAS, "")
+        w_edges, b_edges = _load_affine(w_ptr, b_ptr, edges - skew, edge_in_row, HAS_WEIGHT, HAS_BIAS, "")
+    y = _affine(xhat, w, b, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + frames + places, y.to(y_ptr.dtype.element_ty), mask=in_body)
+    y_edges = _affine(xhat_edges, w_edges, b_edges, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + frames + edges, y_edges.to(y_ptr.dtype.element_ty), mask=in_edges)
+
+
 @triton.jit
 def _load_tile(ptr, rows, cols, n_rows, n_cols):
     """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges)."""
@@ -630,6 +701,18 @@ def layer_norm_forward_long_rows_kernel(
 
 
 @triton.jit
+def layer_norm_forward_framed_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr, FRAME: tl.constexpr, SKEWS: tl.constexpr,
+):  # fmt: skip
+    normalize_framed_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N,
+        AFFINE_FIRST, PIVOTED, FRAME, SKEWS,
+    )
+
+
+@triton.jit
 def layer_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
@@ -691,6 +774,18 @@ def rms_norm_forward_long_rows_kernel(
     normalize_long_rows(
         x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
         FRAME,
+    )
+
+
+@triton.jit
+def rms_norm_forward_framed_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr, FRAME: tl.constexpr, SKEWS: tl.constexpr,
+):  # fmt: skip
+    normalize_framed_rows(
+        x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N,
+        AFFINE_FIRST, PIVOTED, FRAME, SKEWS,
     )
 
 

@@ -18,15 +18,17 @@ from .kernels import (
     layer_norm_backward_columns_kernel,
     layer_norm_backward_kernel,
     layer_norm_backward_stats_kernel,
+    layer_norm_forward_framed_kernel,
     layer_norm_forward_kernel,
     layer_norm_forward_long_rows_kernel,
     rms_norm_backward_columns_kernel,
     rms_norm_backward_kernel,
     rms_norm_backward_stats_kernel,
+    rms_norm_forward_framed_kernel,
     rms_norm_forward_kernel,
     rms_norm_forward_long_rows_kernel,
 )
-from .plan import HELD_ROWS, LONG_ROWS, NO_ROWS, SHORT_ROWS, BackwardPlan, ForwardPlan
+from .plan import FRAMED_ROWS, HELD_ROWS, LONG_ROWS, NO_ROWS, SHORT_ROWS, BackwardPlan, ForwardPlan
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class NormKernels:
     """One op's kernels, a design each (see plan.py's docstring)."""
 
     forward: object  # short rows, a tile per program
+    forward_framed: object  # short rows off 16-byte boundaries, a tile of rows of one skew per program
     forward_long_rows: object  # a row per program, two sweeps
     backward: object  # short rows, persistent programs, partial dw/db
     backward_stats: object  # long rows, pass 1
@@ -43,6 +46,7 @@ class NormKernels:
 
 LAYER_NORM_KERNELS = NormKernels(
     forward=layer_norm_forward_kernel,
+    forward_framed=layer_norm_forward_framed_kernel,
     forward_long_rows=layer_norm_forward_long_rows_kernel,
     backward=layer_norm_backward_kernel,
     backward_stats=layer_norm_backward_stats_kernel,
@@ -51,6 +55,7 @@ LAYER_NORM_KERNELS = NormKernels(
 )
 RMS_NORM_KERNELS = NormKernels(
     forward=rms_norm_forward_kernel,
+    forward_framed=rms_norm_forward_framed_kernel,
     forward_long_rows=rms_norm_forward_long_rows_kernel,
     backward=rms_norm_backward_kernel,
     backward_stats=rms_norm_backward_stats_kernel,
@@ -74,6 +79,12 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
         launcher(kernels.forward, x)[plan.grid](
             *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
             PIVOTED=plan.pivoted, num_warps=plan.warps,
+        )  # fmt: skip
+    elif plan.design == FRAMED_ROWS:
+        del flags["COL_MULTIPLE"]  # the frame tells the kernel its runs
+        launcher(kernels.forward_framed, x)[plan.grid](
+            *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
+            PIVOTED=plan.pivoted, FRAME=plan.frame, SKEWS=plan.skews, num_warps=plan.warps,
         )  # fmt: skip
     else:
         launcher(kernels.forward_long_rows, x)[plan.grid](

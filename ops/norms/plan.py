@@ -14,7 +14,7 @@ op's own kernels are thin wrappers that fix the flag (kernels.py).
 Statistics are computed in float32 (float64 for float64 inputs) whatever
 the storage dtype.
 
-Forward, two designs, by row length:
+Forward, three designs, by row length and alignment:
 
 * SHORT_ROWS (next_power_of_2(N) <= Tuning.max_block): a program normalizes
   a tile of BLOCK_M whole rows, loaded once and reduced in registers: one
@@ -22,8 +22,13 @@ Forward, two designs, by row length:
   block are stacked BLOCK_M to a tile so that each program still moves about
   Tuning.tile elements (one 128-column row per program would leave most
   lanes idle).  A tile reads rows that start off 16-byte boundaries an
-  element an access: such rows in wider blocks (Tuning.framed_max_block)
-  take the long rows' framed sweeps instead.
+  element an access: such rows take FRAMED_ROWS where Tuning.framed_tiles
+  names them, else, in blocks past Tuning.framed_max_block, the long rows'
+  framed sweeps.
+* FRAMED_ROWS: a tile of rows that start equally far past a 16-byte
+  boundary (one skew), each read once from the boundary before it, 16
+  bytes an access (ops/blocks/alignment.py); w and b, read at the rows'
+  columns an element an access, once for the tile's rows.
 * LONG_ROWS: one program per row, two sweeps over BLOCK_N-column chunks.
   The first gathers the statistics, the second writes y (its reads mostly
   hit L2, which has just seen the row).  Mean and variance come out of the
@@ -92,6 +97,7 @@ from ..runtime import INTERPRETER, ByKind, DeviceFacts, device_facts
 # The designs (see the module docstring).
 NO_ROWS = "no_rows"  # nothing to normalize: outputs only
 SHORT_ROWS = "short_rows"
+FRAMED_ROWS = "framed_rows"  # forward: short rows off 16-byte boundaries, a tile of rows of one skew
 LONG_ROWS = "long_rows"
 HELD_ROWS = "held_rows"
 
@@ -143,11 +149,10 @@ class TileException:
 
 
 @dataclass(frozen=True)
-class HeldShortRows:
-    """Backward rows off 16-byte boundaries that fit a block but are held framed (HELD_ROWS) where a
-    setup takes them: those of layer norm (`centered`) or RMS norm whose widest input has
-    `element_size`-byte elements, in blocks of one of `blocks` columns, at least `min_rows` of them.
-    A tile of whole rows is not framed: it moves an element an access."""
+class OddRows:
+    """Rows off 16-byte boundaries that fit a block, named by a rule of Tuning (held_short_rows,
+    framed_tiles): those of layer norm (`centered`) or RMS norm whose widest input has `element_size`-byte
+    elements, in blocks of one of `blocks` columns, at least `min_rows` of them."""
 
     centered: bool
     element_size: int
@@ -182,6 +187,25 @@ class Tuning:
     # 3.04 / 1.72 / 0.96 / 0.76-0.81, RMS norm float32 2.22 / 1.31 / 1.02-1.09 / 0.88-0.97.  float64
     # (tests only, not measured) keeps version 54's limit, 8192 elements halved for two registers a value.
     framed_max_block: ByKind[tuple[tuple[int, int], ...]] = ByKind(cuda=((2, 2048), (4, 4096), (8, 4096)), cpu=())
+    # Forward rows off 16-byte boundaries of framed_tiles take a framed tile (FRAMED_ROWS): rows of one skew
+    # read once, 16 bytes an access, about framed_tile elements a program, framed_per_thread a thread.  w and
+    # b are read at the rows' columns an element an access, once a tile.  H200, CUDA-graph times, the framed
+    # tile over the plan without it (blocks of 1024 / 2048 / 4096 / 8192: the tile, the tile, two sweeps,
+    # two sweeps; docs/perf-notes.md, version 56), tiles of 4096 elements at 32 a thread: bf16 layer norm at
+    # 4096x1001 / 8192x1537 / 4096x2049 / 4096x3001 / 4095x4095 / 4096x5001 / 2048x7001 1.07 / 1.01 / 1.21 /
+    # 1.17 / 1.20 / 0.71 / 0.70, RMS norm 1.24 / 1.40 / 1.22 / 1.30 / 1.26 / 1.13 / 1.13; float32 layer norm
+    # 4096x1001 / 4095x4095 / 4096x5001 0.97 / 1.17 / 0.64, RMS norm 0.88 / 1.00 / 1.00; rows of 101 float32
+    # columns (16384 rows) 1.34 and 1.11; bf16 16384x100 0.67 (both ops), 32768x257 0.91 and 1.22; blocks of
+    # 16384 0.58-0.65.  At 16 a thread the tile lost 3-12% more at 4096 columns (16 warps), and tiles of
+    # 2048 and 8192 elements were no better.  float64 (tests only) keeps the tile and the sweeps.
+    framed_tiles: tuple[OddRows, ...] = (
+        OddRows(True, 2, (1024, 2048, 4096)),
+        OddRows(False, 2, (1024, 2048, 4096, 8192)),
+        OddRows(True, 4, (128, 4096)),
+        OddRows(False, 4, (128,)),
+    )
+    framed_tile: ByKind[int] = ByKind(cuda=4096, cpu=1 << 14)
+    framed_per_thread: int = 32
     # Blocks at which layer norm's pivoted tiles (16-bit x) ran slower than the two sweeps: one program an SM
     # at 16384 columns (42 registers on 32 warps), one row in flight.  H200, two sweeps over the tile:
     # 8192x12288 0.64x, 4096x10240 0.66x, 4096x16384 0.83x, 2048x16384 0.86x; at 32768 columns 1.25x (kept);
@@ -198,13 +222,13 @@ class Tuning:
     # 0.21-0.60 in every op and dtype (few rows leave the tile's design few programs: min_rows_per_program),
     # but at 1000x1001 layer norm 1.33 and RMS norm 1.77 (bf16; float32 1.27, 1.27): 1024-column blocks are
     # held from 2048 rows, between the 1000 that lost and the 4096 that won (not measured between).
-    held_short_rows: tuple[HeldShortRows, ...] = (
-        HeldShortRows(True, 2, (4096, 8192)),
-        HeldShortRows(False, 2, (4096, 8192)),
-        HeldShortRows(True, 2, (1024,), min_rows=2048),
-        HeldShortRows(False, 2, (1024,), min_rows=2048),
-        HeldShortRows(True, 4, (8192,)),
-        HeldShortRows(False, 4, (4096, 8192)),
+    held_short_rows: tuple[OddRows, ...] = (
+        OddRows(True, 2, (4096, 8192)),
+        OddRows(False, 2, (4096, 8192)),
+        OddRows(True, 2, (1024,), min_rows=2048),
+        OddRows(False, 2, (1024,), min_rows=2048),
+        OddRows(True, 4, (8192,)),
+        OddRows(False, 4, (4096, 8192)),
     )
 
     # Short rows are stacked up to about `tile` elements a program (float32; half that for 16-bit
@@ -430,7 +454,8 @@ class ForwardPlan:
     warps: int = 1
     affine_first: bool = False  # SHORT_ROWS: w and b loaded beside x
     pivoted: bool = False  # SHORT_ROWS: rows shifted by their pivots (Tuning.pivot_element_sizes)
-    frame: int = 0  # LONG_ROWS: FRAME, rows swept from the 16-byte boundary before them (_frame)
+    frame: int = 0  # LONG_ROWS, FRAMED_ROWS: FRAME, rows read from the 16-byte boundary before them (_frame)
+    skews: int = 1  # FRAMED_ROWS: SKEWS, rows this far apart start equally far past a boundary (_skews)
 
 
 @dataclass(frozen=True)
@@ -496,6 +521,9 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
         return ForwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
     col_multiple = column_multiple(n_cols)
     pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
+    frame = _frame(meta)
+    if frame and _fits_a_block(tuning.max_block, meta) and _named_by(tuning.framed_tiles, meta):
+        return _framed_rows_plan(meta, frame, pivoted, tuning)
     if _fits_a_block(tuning.max_block, meta) and not _two_sweeps_first(meta, pivoted, tuning):
         block_m, block_n = _row_tile(meta, tuning)
         affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
@@ -577,6 +605,38 @@ def _register_limit(limits: ByKind, meta: Meta) -> int:
     return limit // 2 if meta.facts.cuda and meta.x_size == 8 else limit
 
 
+def _skews(n_cols: int, frame: int) -> int:
+    """How many rows apart two rows of n_cols start equally far past a 16-byte boundary (frame elements a
+    run): the rows of one skew are those of one class modulo this."""
+    return frame // math.gcd(n_cols, frame)
+
+
+def _named_by(rules: tuple[OddRows, ...], meta: Meta) -> bool:
+    """Whether one of `rules` names the call's rows (OddRows; the caller knows they are off boundaries)."""
+    block = next_power_of_2(meta.n_cols)
+    return any(
+        (rule.centered, rule.element_size) == (meta.centered, meta.widest)
+        and block in rule.blocks
+        and meta.n_rows >= rule.min_rows
+        for rule in rules
+    )
+
+
+def _framed_rows_plan(meta: Meta, frame: int, pivoted: bool, tuning: Tuning) -> ForwardPlan:
+    """FRAMED_ROWS: tiles of rows of one skew, stacked to about framed_tile elements (w and b, read an
+    element an access, are read once a tile); skews * tiles of a class programs."""
+    skews = _skews(meta.n_cols, frame)
+    class_rows = cdiv(meta.n_rows, skews)
+    block_n = next_power_of_2(meta.n_cols)
+    block_m = rows_in_tile(class_rows, block_n, _register_limit(tuning.framed_tile, meta))
+    affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
+    return ForwardPlan(
+        meta.centered, FRAMED_ROWS, meta.n_rows, meta.n_cols, column_multiple(meta.n_cols),
+        (skews * cdiv(class_rows, block_m),), block_m, block_n,
+        warps_for(block_m * block_n, tuning.framed_per_thread), block_n <= affine_first_max, pivoted, frame, skews,
+    )  # fmt: skip
+
+
 def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
     """Whether rows that fit a block still take the long rows' two sweeps: rows off 16-byte
     boundaries in blocks past framed_max_block (the sweeps are framed, a tile is not), and on the GPU
@@ -592,13 +652,7 @@ def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
 def _held_first(meta: Meta, tuning: Tuning) -> bool:
     """Whether backward rows that fit a block are held (framed) where a setup takes them: rows off
     16-byte boundaries of the op, element size and block of one of Tuning.held_short_rows."""
-    block = next_power_of_2(meta.n_cols)
-    return bool(_frame(meta)) and any(
-        (rule.centered, rule.element_size) == (meta.centered, meta.widest)
-        and block in rule.blocks
-        and meta.n_rows >= rule.min_rows
-        for rule in tuning.held_short_rows
-    )
+    return bool(_frame(meta)) and _named_by(tuning.held_short_rows, meta)
 
 
 def _fits_a_block(limits: ByKind, meta: Meta) -> bool:

@@ -17,6 +17,7 @@ from plan_strategies import DEVICES, ELEMENT_SIZES, row_counts, row_lengths
 from ops.blocks.alignment import frame_run
 from ops.blocks.sizes import cdiv, next_power_of_2
 from ops.norms.plan import (
+    FRAMED_ROWS,
     HELD_ROWS,
     LONG_ROWS,
     NO_ROWS,
@@ -53,6 +54,14 @@ def test_every_forward_plan_covers_its_rows(centered, n_rows, n_cols, sizes, fac
         assert plan.frame == 0
         framed_max = dict(TUNING.framed_max_block[facts.kind]).get(x_size)
         assert not frame or framed_max is None or plan.block_n <= framed_max  # wider odd rows take the sweeps
+    elif plan.design == FRAMED_ROWS:
+        assert frame and plan.frame == frame  # only rows off 16-byte boundaries, in their runs
+        assert plan.block_n == next_power_of_2(n_cols)  # a row's whole runs end before FRAME + n_cols
+        assert plan.block_n <= _block_limit(TUNING.max_block[facts.kind], x_size, facts)
+        assert (plan.skews * n_cols) % frame == 0 and plan.skews <= frame  # rows skews apart share a skew
+        # program p takes rows p % skews + skews k: every class's rows, block_m a program
+        assert plan.grid == (plan.skews * cdiv(cdiv(n_rows, plan.skews), plan.block_m),)
+        assert plan.block_m & (plan.block_m - 1) == 0
     else:
         assert plan.design == LONG_ROWS and plan.grid == (n_rows,) and plan.block_m == 1
         assert plan.frame == frame  # framed exactly where rows start off 16-byte boundaries

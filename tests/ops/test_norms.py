@@ -6,7 +6,9 @@ sizes) and on CUDA (compiled kernels, realistic sizes; marked `gpu`).
 """
 
 import dataclasses
+import math
 import re
+import types
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ from ops.blocks.alignment import frame_run
 from ops.blocks.held_rows import can_overlap_fill
 from ops.norms import launch as norm_launch, layer_norm as layer_norm_entry, rms_norm as rms_norm_entry
 from ops.norms.plan import (
+    FRAMED_ROWS,
     HELD_ROWS,
     LONG_ROWS,
     NO_ROWS,
@@ -38,8 +41,8 @@ from ops.norms.plan import (
     ByKind,
     HeldNormSetup,
     HeldSetups,
-    HeldShortRows,
     Meta,
+    OddRows,
     backward_tile,
     choose_backward_plan,
     choose_forward_plan,
@@ -873,14 +876,16 @@ def test_constant_rows_in_every_design(launched, dtype, tuning, case):
 
 
 def test_rows_that_fit_a_block_but_take_two_sweeps():
-    """On an H100 plan: rows off 16-byte boundaries in blocks past framed_max_block (2048 columns of
-    16-bit x, 4096 of 32-bit and of float64) take the framed two sweeps (a tile of whole rows is not
-    framed); layer norm's pivoted rows of a 16384-column block take two sweeps too (one program an SM
-    there); the others keep their tiles, and the interpreter keeps every tile."""
+    """On an H100 plan: rows off 16-byte boundaries that no framed-tile rule names, in blocks past
+    framed_max_block (2048 columns of 16-bit x, 4096 of 32-bit and of float64), take the framed two
+    sweeps (a tile of whole rows is not framed); layer norm's pivoted rows of a 16384-column block take
+    two sweeps too (one program an SM there); the others keep their tiles, and the interpreter keeps
+    every tile."""
 
     def design(centered, n_cols, size, facts=H100):
-        return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=facts)).design
+        return choose_forward_plan(Meta(centered, 4096, n_cols, size, facts=facts), unframed).design
 
+    unframed = dataclasses.replace(TUNING, framed_tiles=())
     assert TUNING.framed_max_block.cuda == ((2, 2048), (4, 4096), (8, 4096))
     assert TUNING.pivoted_two_sweep_blocks == (16384,)
     assert [design(c, 20001, s) for c in (True, False) for s in (2, 4)] == [LONG_ROWS] * 4
@@ -897,6 +902,131 @@ def test_rows_that_fit_a_block_but_take_two_sweeps():
     assert design(True, 12288, 2) == design(True, 16384, 2) == LONG_ROWS  # pivoted, a 16384-column block
     assert design(True, 12288, 4) == design(False, 12288, 2) == design(True, 32768, 2) == SHORT_ROWS
     assert choose_forward_plan(Meta(True, 4096, 12288, 2)).design == SHORT_ROWS  # the interpreter's blocks
+
+
+def test_odd_rows_named_by_a_rule_take_a_framed_tile():
+    """Tuning.framed_tiles names the forward rows off 16-byte boundaries that take a framed tile, by op,
+    element size and block (measured on an H200, see Tuning): 16-bit layer norm in blocks of 1024-4096
+    columns, RMS norm to 8192; float32 layer norm at 128 and 4096, RMS norm at 128.  On both sides of each
+    block the others keep the tile or the sweeps; aligned rows and float64 are never framed."""
+
+    def plan(centered, n_cols, size, n_rows=4096, facts=H100):
+        return choose_forward_plan(Meta(centered, n_rows, n_cols, size, facts=facts))
+
+    def design(*args, **kwargs):
+        return plan(*args, **kwargs).design
+
+    assert TUNING.framed_tiles == (
+        OddRows(True, 2, (1024, 2048, 4096)),
+        OddRows(False, 2, (1024, 2048, 4096, 8192)),
+        OddRows(True, 4, (128, 4096)),
+        OddRows(False, 4, (128,)),
+    )
+    widths = (511, 513, 1001, 1537, 2049, 4095, 4097, 8191, 8193)  # each side of 512-8192
+    assert [design(True, n, 2) for n in widths] == [SHORT_ROWS] + [FRAMED_ROWS] * 5 + [LONG_ROWS] * 3
+    assert [design(False, n, 2) for n in widths] == [SHORT_ROWS] + [FRAMED_ROWS] * 7 + [LONG_ROWS]
+    float32_widths = (63, 65, 101, 127, 129, 2049, 4095, 4097)
+    shorts, framed = [SHORT_ROWS], [FRAMED_ROWS]
+    assert [design(True, n, 4) for n in float32_widths] == shorts + framed * 3 + shorts + framed * 2 + [LONG_ROWS]
+    assert [design(False, n, 4) for n in float32_widths] == shorts + framed * 3 + shorts * 3 + [LONG_ROWS]
+    # aligned rows (4096 and 1000 bf16, 4100 float32), float64 and float16 like bfloat16
+    assert design(True, 4096, 2) == design(False, 1000, 2) == design(True, 4100, 4) == SHORT_ROWS
+    assert design(True, 4095, 8) == SHORT_ROWS and design(True, 1001, 2) == FRAMED_ROWS
+    # the tile: rows of one skew (8 rows apart for 1001 bf16 columns, 4 for 4095 float32 and 1002 bf16)
+    framed = plan(True, 1001, 2)
+    assert (framed.frame, framed.skews, framed.block_m, framed.block_n, framed.warps) == (8, 8, 4, 1024, 4)
+    assert framed.grid == (8 * 128,) and framed.pivoted and framed.affine_first
+    assert (plan(True, 4095, 4).frame, plan(True, 4095, 4).skews) == (4, 4)
+    assert (plan(False, 1002, 2).frame, plan(False, 1002, 2).skews) == (8, 4)
+    assert plan(False, 7001, 2).block_m == 1 and plan(False, 7001, 2).warps == 8
+    # few rows: fewer classes' rows than a tile's
+    few = plan(False, 1001, 2, n_rows=3)
+    assert few.grid == (8,) and few.block_m == 1
+
+
+def _framing_everything(framed_tile):
+    """TUNING with every odd row that fits a block in a framed tile of about `framed_tile` elements
+    (the interpreter's), whatever its op, element size and block."""
+    rules = tuple(OddRows(c, size, tuple(1 << b for b in range(17))) for c in (True, False) for size in (2, 4, 8))
+    return dataclasses.replace(TUNING.with_cpu(framed_tile=framed_tile), framed_tiles=rules)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape, framed_tile",
+    [
+        ((37, 101), 512),  # tiles of 4 rows of one skew; 37 rows: the classes end in part-filled tiles
+        ((5, 23), 32),  # fewer rows than skews (8 16-bit, 4 float32, 2 float64): some programs take none
+        ((3, 4, 33), 1 << 14),  # a 3-d x; one tile a class
+        ((9, 18), 64),  # 16-bit: 36 bytes a row, rows 4 apart share a skew; a row of two runs and its ends
+    ],
+    ids=str,
+)
+def test_framed_tiles_match_float64(launched, op, dtype, shape, framed_tile):
+    """The framed tile (FRAMED_ROWS) in the interpreter, against float64: every dtype, rows each side of
+    their runs' edges, tiles part-filled, weight and bias each present or not."""
+    n = shape[-1]
+    tuning = _framing_everything(framed_tile)
+    meta = Meta(op == "layer_norm", math.prod(shape[:-1]), n, dtype.itemsize)
+    plan = choose_forward_plan(meta, tuning)
+    if not frame_run(n, 1, dtype.itemsize):
+        pytest.skip(f"{n} {dtype} columns start every row on a 16-byte boundary")
+    assert plan.design == FRAMED_ROWS and plan.skews > 1
+    x = 3 + 2 * torch.randn(shape, dtype=dtype)
+    for weight_on, bias_on in [(True, True), (True, False), (False, False)]:
+        weight, bias = params(n, "cpu", dtype, weight_on, bias_on and op == "layer_norm")
+        launched.clear()
+        y = tuned(op, tuning)(x, weight, bias)
+        assert_close(y, pytorch_norm(op)(x.double(), as64(weight), as64(bias)), dtype)
+        assert [(name, grid) for name, grid, _ in launched] == [(f"{op}_forward_framed_kernel", plan.grid)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_framed_tiles_of_constant_rows_and_strided_inputs(dtype):
+    """Layer norm's framed tile on constant rows gives exactly the bias (the pivot's or _center's exact mean,
+    over a row's two pieces); a transposed x and a strided weight give what their contiguous copies give."""
+    tuning = _framing_everything(256)
+    n = 101
+    x = torch.full((20, n), 0.7, dtype=dtype)
+    weight, bias = params(n, "cpu", dtype)
+    assert torch.equal(tuned("layer_norm", tuning)(x, weight, bias), bias.expand_as(x))
+    x = (3 + torch.randn(n, 20, dtype=dtype)).t()  # rows 20 apart in memory: the op copies them
+    wide = torch.randn(2 * n, dtype=dtype)
+    for op in ("layer_norm", "rms_norm"):
+        b = bias if op == "layer_norm" else None
+        got = tuned(op, tuning)(x, wide[::2], b)
+        assert torch.equal(got, tuned(op, tuning)(x.contiguous(), wide[::2].contiguous(), b))
+        assert_close(got, pytorch_norm(op)(x.double(), as64(wide[::2]), as64(b)), dtype)
+
+
+@pytest.mark.parametrize("centered", [False, True], ids=["rms_norm", "layer_norm"])
+def test_the_framed_forward_reads_and_writes_16_bytes_an_access(centered):
+    """Built for sm_90 (no GPU needed): the framed tile of rows of 1001 bfloat16 columns loads x and
+    stores y 16 bytes an access; the same rows in a tile (COL_MULTIPLE 1) move an element an access."""
+    from triton.compiler import ASTSource
+
+    plan = choose_forward_plan(Meta(centered, 4096, 1001, 2, facts=H100))
+    assert plan.design == FRAMED_ROWS
+    kernels = norm_launch.KERNELS[centered]
+    accesses = {}
+    for kernel in (kernels.forward_framed, kernels.forward):
+        signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+        signature["eps"] = "fp32"
+        constants = dict(HAS_WEIGHT=True, HAS_BIAS=centered, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+                         AFFINE_FIRST=True, PIVOTED=plan.pivoted)  # fmt: skip
+        if kernel is kernels.forward_framed:
+            constants.update(FRAME=plan.frame, SKEWS=plan.skews)
+        else:
+            constants.update(COL_MULTIPLE=1)
+        signature.update({name: "constexpr" for name in constants})
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
+        launch = types.SimpleNamespace(warps=plan.warps, registers=255)  # the plan's warps, no register cap
+        ptx = build_for_hopper(ASTSource(kernel, signature, constants, aligned), launch).asm["ptx"]
+        accesses[kernel] = re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx)
+    framed, tiled = accesses[kernels.forward_framed], accesses[kernels.forward]
+    assert "ld.global.v4.b32" in framed and "st.global.v4.b32" in framed, sorted(set(framed))
+    assert "st.global.v4.b32" not in tiled and "st.global.b16" in tiled, sorted(set(tiled))
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
@@ -984,12 +1114,12 @@ def test_short_rows_off_boundaries_held_in_the_backward():
         return plan(centered, n_cols, widest, **kw).design
 
     assert TUNING.held_short_rows == (
-        HeldShortRows(True, 2, (4096, 8192)),
-        HeldShortRows(False, 2, (4096, 8192)),
-        HeldShortRows(True, 2, (1024,), min_rows=2048),
-        HeldShortRows(False, 2, (1024,), min_rows=2048),
-        HeldShortRows(True, 4, (8192,)),
-        HeldShortRows(False, 4, (4096, 8192)),
+        OddRows(True, 2, (4096, 8192)),
+        OddRows(False, 2, (4096, 8192)),
+        OddRows(True, 2, (1024,), min_rows=2048),
+        OddRows(False, 2, (1024,), min_rows=2048),
+        OddRows(True, 4, (8192,)),
+        OddRows(False, 4, (4096, 8192)),
     )
     for centered in (True, False):
         assert [design(centered, n, 2) for n in (1001, 1537, 2049, 4095, 5001, 8191)] == [
@@ -1032,7 +1162,7 @@ def test_short_rows_off_boundaries_held_in_the_backward():
 def test_short_rows_held_by_the_rule_match_float64(launched, op):
     """Rows that fit a block, off 16-byte boundaries (101 bf16 columns), held through the rule of
     Tuning.held_short_rows in the interpreter: the held kernel runs, and the gradients match float64."""
-    rule = HeldShortRows(op == "layer_norm", 2, (128,))
+    rule = OddRows(op == "layer_norm", 2, (128,))
     tuning = dataclasses.replace(TUNING.with_cpu(held_rows=True), held_short_rows=(rule,), cpu_programs=32)
     meta = Meta(op == "layer_norm", 24, 101, 2, 2)
     assert choose_backward_plan(meta, tuning).design == HELD_ROWS
@@ -1141,6 +1271,36 @@ def test_norm_held_rows_on_the_gpu(launched, op, dtype):
         after_fill = _backward_planned(op, grad, x, weight, bias, overlap_fill=False)
         assert not launched[-2][2]["OVERLAPPED"]
         assert all(torch.equal(a, b) for a, b in zip(after_fill, grads))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norm_framed_tiles_on_the_gpu(launched, op, dtype):
+    """The forward's framed tile on the GPU, by the shipped rules, against float64: rows of every width
+    class the rules name (blocks of 128 float32 columns, 1024-8192 16-bit ones, 4096 float32 ones),
+    rows fewer than a tile, rows not a multiple of the skews, and a layer norm of constant rows (exactly
+    the bias)."""
+    shapes = {2: [(4096, 1001), (999, 1537), (37, 3001), (5, 4095), (1000, 6001)], 4: [(999, 101), (1000, 4095)]}
+    cases = [(r, c) for r, c in shapes[dtype.itemsize] if _named(op, c, dtype)]
+    assert cases, "the rules name no shape of this test"
+    for n_rows, n_cols in cases:
+        x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
+        weight, bias = params(n_cols, "cuda", dtype)
+        bias = bias if op == "layer_norm" else None
+        launched.clear()
+        y = tuned(op, TUNING)(x, weight, bias)
+        assert [name for name, *_ in launched] == [f"{op}_forward_framed_kernel"], (n_rows, n_cols)
+        assert_close(y, pytorch_norm(op)(x.double(), as64(weight), as64(bias)), dtype)
+        if op == "layer_norm":
+            constant = torch.full_like(x, 0.7)
+            assert torch.equal(tuned(op, TUNING)(constant, weight, bias), bias.expand_as(x))
+
+
+def _named(op, n_cols, dtype):
+    """Whether the shipped rules put rows of n_cols in a framed tile on this GPU."""
+    meta = Meta(op == "layer_norm", 4096, n_cols, dtype.itemsize, facts=device_facts(torch.device("cuda")))
+    return choose_forward_plan(meta).design == FRAMED_ROWS
 
 
 @pytest.mark.parametrize("sms", [0, 132])
