@@ -195,8 +195,8 @@ class Tuning:
     # 4096x1001 / 8192x1537 / 4096x2049 / 4096x3001 / 4095x4095 / 4096x5001 / 2048x7001 1.07 / 1.01 / 1.21 /
     # 1.17 / 1.20 / 0.71 / 0.70, RMS norm 1.24 / 1.40 / 1.22 / 1.30 / 1.26 / 1.13 / 1.13; float32 layer norm
     # 4096x1001 / 4095x4095 / 4096x5001 0.97 / 1.17 / 0.64, RMS norm 0.88 / 1.00 / 1.00; rows of 101 float32
-    # columns (16384 rows) 1.34 and 1.11; bf16 16384x100 0.67 (both ops), 32768x257 0.91 and 1.22; blocks of
-    # 16384 0.58-0.65.  At 16 a thread the tile lost 3-12% more at 4096 columns (16 warps), and tiles of
+    # columns (16384 rows) 1.34 and 1.11; bf16 16384x100 0.67 (both ops), 32768x257 0.91 and 1.22 (RMS norm's
+    # 512-column blocks not named on one shape); blocks of 16384 0.58-0.65.  At 16 a thread the tile lost 3-12% more at 4096 columns (16 warps), and tiles of
     # 2048 and 8192 elements were no better.  float64 (tests only) keeps the tile and the sweeps.
     framed_tiles: tuple[OddRows, ...] = (
         OddRows(True, 2, (1024, 2048, 4096)),

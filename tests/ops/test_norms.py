@@ -974,12 +974,16 @@ def test_framed_tiles_match_float64(launched, op, dtype, shape, framed_tile):
         pytest.skip(f"{n} {dtype} columns start every row on a 16-byte boundary")
     assert plan.design == FRAMED_ROWS and plan.skews > 1
     x = 3 + 2 * torch.randn(shape, dtype=dtype)
-    for weight_on, bias_on in [(True, True), (True, False), (False, False)]:
+    # w and b beside x and after the reductions (AFFINE_FIRST; the interpreter's blocks are all beside x)
+    late = dataclasses.replace(tuning, affine_first_max_block=0, pivoted_affine_first_max_block=0)
+    for weight_on, bias_on, tuned_as in [(True, True, tuning), (True, False, late), (False, True, late),
+                                         (False, False, tuning), (True, True, late)]:  # fmt: skip
         weight, bias = params(n, "cpu", dtype, weight_on, bias_on and op == "layer_norm")
         launched.clear()
-        y = tuned(op, tuning)(x, weight, bias)
+        y = tuned(op, tuned_as)(x, weight, bias)
         assert_close(y, pytorch_norm(op)(x.double(), as64(weight), as64(bias)), dtype)
         assert [(name, grid) for name, grid, _ in launched] == [(f"{op}_forward_framed_kernel", plan.grid)]
+        assert launched[0][2]["AFFINE_FIRST"] == (tuned_as is tuning)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
