@@ -74,22 +74,22 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
     kernels = KERNELS[plan.centered]
     # An absent weight or bias still takes a pointer argument: x stands in, never read.
     args = (x, x if weight is None else weight, x if bias is None else bias, y, plan.n_rows, plan.n_cols, eps)
-    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None, "COL_MULTIPLE": plan.col_multiple}
+    flags = {"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}
     if plan.design == SHORT_ROWS:
         launcher(kernels.forward, x)[plan.grid](
-            *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
-            PIVOTED=plan.pivoted, num_warps=plan.warps,
+            *args, **flags, COL_MULTIPLE=plan.col_multiple, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+            AFFINE_FIRST=plan.affine_first, PIVOTED=plan.pivoted, num_warps=plan.warps,
         )  # fmt: skip
-    elif plan.design == FRAMED_ROWS:
-        del flags["COL_MULTIPLE"]  # the frame tells the kernel its runs
+    elif plan.design == FRAMED_ROWS:  # the frame, not COL_MULTIPLE, tells the kernel its runs
         launcher(kernels.forward_framed, x)[plan.grid](
             *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
             PIVOTED=plan.pivoted, FRAME=plan.frame, SKEWS=plan.skews, num_warps=plan.warps,
         )  # fmt: skip
     else:
         launcher(kernels.forward_long_rows, x)[plan.grid](
-            *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, FRAME=plan.frame, num_warps=plan.warps
-        )
+            *args, **flags, COL_MULTIPLE=plan.col_multiple, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+            FRAME=plan.frame, num_warps=plan.warps,
+        )  # fmt: skip
     return y
 
 

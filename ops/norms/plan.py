@@ -522,19 +522,19 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     col_multiple = column_multiple(n_cols)
     pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
     frame = _frame(meta)
-    if frame and _fits_a_block(tuning.max_block, meta) and _named_by(tuning.framed_tiles, meta):
+    fits = _fits_a_block(tuning.max_block, meta)
+    if frame and fits and _named_by(tuning.framed_tiles, meta):
         return _framed_rows_plan(meta, frame, pivoted, tuning)
-    if _fits_a_block(tuning.max_block, meta) and not _two_sweeps_first(meta, pivoted, tuning):
+    if fits and not _two_sweeps_first(meta, frame, pivoted, tuning):
         block_m, block_n = _row_tile(meta, tuning)
-        affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
-            warps_for(block_m * block_n, tuning.forward_per_thread), block_n <= affine_first_max, pivoted,
+            warps_for(block_m * block_n, tuning.forward_per_thread), _affine_first(block_n, pivoted, tuning), pivoted,
         )  # fmt: skip
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(
         meta.centered, LONG_ROWS, n_rows, n_cols, col_multiple, (n_rows,), 1, chunk,
-        warps_for(chunk, tuning.forward_per_thread), frame=_frame(meta),
+        warps_for(chunk, tuning.forward_per_thread), frame=frame,
     )  # fmt: skip
 
 
@@ -629,22 +629,27 @@ def _framed_rows_plan(meta: Meta, frame: int, pivoted: bool, tuning: Tuning) -> 
     class_rows = cdiv(meta.n_rows, skews)
     block_n = next_power_of_2(meta.n_cols)
     block_m = rows_in_tile(class_rows, block_n, _register_limit(tuning.framed_tile, meta))
-    affine_first_max = tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block
     return ForwardPlan(
         meta.centered, FRAMED_ROWS, meta.n_rows, meta.n_cols, column_multiple(meta.n_cols),
-        (skews * cdiv(class_rows, block_m),), block_m, block_n,
-        warps_for(block_m * block_n, tuning.framed_per_thread), block_n <= affine_first_max, pivoted, frame, skews,
+        (skews * cdiv(class_rows, block_m),), block_m, block_n, warps_for(block_m * block_n, tuning.framed_per_thread),
+        _affine_first(block_n, pivoted, tuning), pivoted, frame, skews,
     )  # fmt: skip
 
 
-def _two_sweeps_first(meta: Meta, pivoted: bool, tuning: Tuning) -> bool:
+def _affine_first(block_n: int, pivoted: bool, tuning: Tuning) -> bool:
+    """AFFINE_FIRST of a forward tile: w and b loaded beside x in blocks of at most affine_first_max_block
+    columns (pivoted_affine_first_max_block for pivoted rows), see Tuning."""
+    return block_n <= (tuning.pivoted_affine_first_max_block if pivoted else tuning.affine_first_max_block)
+
+
+def _two_sweeps_first(meta: Meta, frame: int, pivoted: bool, tuning: Tuning) -> bool:
     """Whether rows that fit a block still take the long rows' two sweeps: rows off 16-byte
     boundaries in blocks past framed_max_block (the sweeps are framed, a tile is not), and on the GPU
     layer norm's pivoted rows at pivoted_two_sweep_blocks (see Tuning)."""
     block = next_power_of_2(meta.n_cols)
     limits = tuning.framed_max_block[meta.facts.kind]
     framed_max = next((limit for size, limit in limits if size == meta.x_size), None)
-    if _frame(meta) and framed_max is not None and block > framed_max:
+    if frame and framed_max is not None and block > framed_max:
         return True
     return meta.facts.cuda and pivoted and block in tuning.pivoted_two_sweep_blocks
 
@@ -747,7 +752,7 @@ def _held_rows_framed(meta: Meta, col_multiple: int, frame: int, tuning: Tuning)
         # Every row a program takes must have its first row's skew (held.py): rows_at_once rows
         # of n_cols must be whole runs (8 rows at a time for rows of 50257 16-bit columns).
         # Then spread evenly over the rounds, as fit_rows spreads them.
-        step = frame // math.gcd(meta.n_cols, frame)
+        step = _skews(meta.n_cols, frame)
         most = programs // n_segments // step * step
         if most == 0:
             return None
