@@ -302,17 +302,36 @@ def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEI
     sum((x - mean x) * g) equals the co-moment, as sum(x - mean x) = 0.
     Uncentered (RMS norm): (0, 0, sum(x^2), sum(x * g))."""
     cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
-    x = _load(x_ptr + cols, mask)
-    g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
+    return _comoments_from(x_ptr, dy_ptr, w_ptr, cols, mask, count, BLOCK_N, n_cols, 0, CENTERED, HAS_WEIGHT, BLOCK_N)
+
+
+@triton.jit
+def _framed_row_comoments(x_ptr, dy_ptr, w_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr,
+                          HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
+    """_row_comoments of the framed row whose frame starts at x_ptr and dy_ptr, w_ptr the copy of w shifted
+    by the row's skew (place p: column p - skew): the two partial runs first (they hold the row's first
+    element), then the whole runs chunk by chunk."""
+    edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
+    count = tl.sum(in_row.to(tl.int32), axis=0)
+    return _comoments_from(x_ptr, dy_ptr, w_ptr, edges, in_row, count, 0, body_end, FRAME, CENTERED, HAS_WEIGHT, BLOCK_N)
+
+
+@triton.jit
+def _comoments_from(x_ptr, dy_ptr, w_ptr, first_places, first_mask, first_count, start, end, LOW: tl.constexpr,
+                    CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """_row_comoments' sweep: the first block of places (its count at least one) starts the running
+    moments, then the places [start, end) at or past LOW (0: all) are merged in BLOCK_N at a time."""
+    x = _load(x_ptr + first_places, first_mask)
+    g = _load_g(dy_ptr, w_ptr, first_places, first_mask, HAS_WEIGHT)[0]
     if CENTERED:
-        n_seen = count.to(x.dtype)
-        mean_x, mean_g, m2, c = _chunk_comoments(x, g, mask, n_seen)
-        for first in range(BLOCK_N, n_cols, BLOCK_N):
-            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
-            x = _load(x_ptr + cols, mask)
-            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
-            n_chunk = count.to(x.dtype)
-            chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x, g, mask, n_chunk)
+        # The first block starts the running moments, so they take the compute dtype from the data.
+        n_seen = first_count.to(x.dtype)
+        mean_x, mean_g, m2, c = _chunk_comoments(x, g, first_mask, n_seen)
+        for first in range(start, end, BLOCK_N):
+            x_chunk, g_chunk, mask = _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW, HAS_WEIGHT, BLOCK_N)
+            # A chunk of no places (framed, BLOCK_N <= LOW) has count 0, which weighs it out of the merge.
+            n_chunk = (tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW)).to(x.dtype)
+            chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x_chunk, g_chunk, mask, tl.maximum(n_chunk, 1.0))
             mean_x, mean_g, m2, c, n_seen = _merge_comoments(
                 mean_x, mean_g, m2, c, n_seen, chunk_x, chunk_g, chunk_m2, chunk_c, n_chunk
             )
@@ -321,13 +340,23 @@ def _row_comoments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, HAS_WEI
         mean_g = 0.0
         m2 = tl.sum(x * x, axis=0)
         c = tl.sum(x * g, axis=0)
-        for first in range(BLOCK_N, n_cols, BLOCK_N):
-            cols, mask, count = _chunk_at(first, n_cols, BLOCK_N)
-            x = _load(x_ptr + cols, mask)
-            g, _ = _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT)
-            m2 += tl.sum(x * x, axis=0)
-            c += tl.sum(x * g, axis=0)
+        for first in range(start, end, BLOCK_N):
+            x_chunk, g_chunk, _ = _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW, HAS_WEIGHT, BLOCK_N)
+            m2 += tl.sum(x_chunk * x_chunk, axis=0)
+            c += tl.sum(x_chunk * g_chunk, axis=0)
     return mean_x, mean_g, m2, c
+
+
+@triton.jit
+def _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                    BLOCK_N: tl.constexpr):  # fmt: skip
+    """(x, g, mask) at the places [first, first + BLOCK_N) before `end` and at or past LOW (0: all).  Names of
+    their own in the sweep's loop: a loop may not change the shape of a variable from before it."""
+    places = first + tl.arange(0, BLOCK_N)
+    mask = places < end
+    if LOW:
+        mask = mask & (places >= LOW)
+    return _load(x_ptr + places, mask), _load_g(dy_ptr, w_ptr, places, mask, HAS_WEIGHT)[0], mask
 
 
 # --------------------------------------------------------------------------
@@ -579,20 +608,39 @@ def normalize_rows_backward(
         tl.store(db_partial_ptr + partial, tl.sum(db_acc, axis=0), mask=in_row)
 
 
-# Long rows: per-row statistics, then a (row group, column chunk) grid.
+# Long rows: per-row statistics, then a (row group, column chunk) grid.  Rows off 16-byte boundaries (FRAME > 0)
+# are read in their frames, 16 bytes an access: the statistics sweep as the forward's framed sweeps, w from its copy
+# shifted by the row's skew (launch.py's shifted_weights: aligned loads, as x's); in the grid every row of a group
+# shares one skew (the plan makes the groups a multiple of the skews), so a program's chunk of places is the same
+# columns in each of its rows and its dw/db accumulators stay on them.
 _STATS = 4  # per row: mean, rstd, mean(g * xhat), mean(g)
 
 
 @triton.jit
+def _shifted_w(w_ptr, w_stride, skew, FRAME: tl.constexpr):
+    """The row of launch.py's shifted_weights whose place p holds column p - skew."""
+    return w_ptr + (FRAME - 1 - skew) * w_stride
+
+
+@triton.jit
 def row_statistics_backward(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, w_stride,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    FRAME: tl.constexpr,
 ):  # fmt: skip
     """Long rows, pass 1: one sweep over a row for what dx needs (see _STATS)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     row = tl.program_id(0).to(tl.int64)
     start = row * n_cols
-    mean_x, mean_g, m2, c = _row_comoments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, HAS_WEIGHT, BLOCK_N)
+    if FRAME:
+        frame, skew, body_end = peeled_frame(start, n_cols, FRAME)
+        w_row = _shifted_w(w_ptr, w_stride, skew, FRAME)
+        mean_x, mean_g, m2, c = _framed_row_comoments(
+            x_ptr + frame, dy_ptr + frame, w_row, skew, body_end, n_cols, CENTERED, HAS_WEIGHT, BLOCK_N, FRAME
+        )
+    else:
+        mean_x, mean_g, m2, c = _row_comoments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, HAS_WEIGHT,
+                                               BLOCK_N)  # fmt: skip
     rstd = _rstd(m2, n_cols, eps)
     stats = stats_ptr + row * 4  # _STATS values a row
     tl.store(stats + 1, rstd.to(stats_ptr.dtype.element_ty))
@@ -604,28 +652,55 @@ def row_statistics_backward(
 
 @triton.jit
 def columns_backward(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, w_stride,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
-    """Long rows, pass 2: program (group, chunk) writes dx on one column chunk of
-    the rows group, group + n_groups, ..., and that chunk of its partial dw/db."""
+    """Long rows, pass 2: program (group, chunk) writes dx on one chunk of places of the rows group,
+    group + n_groups, ..., and that chunk of its partial dw/db.  Framed, the chunks cover the rows' whole
+    runs, and the first chunk's programs also take the two partial runs."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     group = tl.program_id(0)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    places = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if FRAME:
+        first_start = group.to(tl.int64) * n_cols  # the group's first row: its skew is every row's of the group
+        skew = (first_start - known_multiple(first_start, FRAME)).to(tl.int32)
+        body_end = known_multiple(skew + n_cols, FRAME)
+        w_row = _shifted_w(w_ptr, w_stride, skew, FRAME)
+        body = (places >= FRAME) & (places < body_end)
+        _columns_of_group(dy_ptr, x_ptr, w_row, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group, n_rows,
+                          n_cols, places, body, skew, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, FRAME)
+        if tl.program_id(1) == 0:
+            edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
+            _columns_of_group(dy_ptr, x_ptr, w_row, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group,
+                              n_rows, n_cols, edges, in_row, skew, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD,
+                              2 * FRAME, FRAME)  # fmt: skip
+    else:
+        _columns_of_group(dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group, n_rows,
+                          n_cols, places, places < n_cols, 0, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+                          FRAME)  # fmt: skip
+
+
+@triton.jit
+def _columns_of_group(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group, n_rows, n_cols, places, mask,
+    skew, CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    LANES: tl.constexpr, FRAME: tl.constexpr,
+):  # fmt: skip
+    """columns_backward on LANES places of every row of the group (where `mask`), each row's frame starting
+    `skew` before it (0 unframed), w_ptr's place p at column p - skew; then the places' partial dw/db."""
     if HAS_WEIGHT:
-        w = _load(w_ptr + cols, mask)
-    dw_acc = _zeros_1d(x_ptr, BLOCK_N)
-    db_acc = _zeros_1d(x_ptr, BLOCK_N)
+        w = _load(w_ptr + places, mask)
+    dw_acc = _zeros_1d(x_ptr, LANES)
+    db_acc = _zeros_1d(x_ptr, LANES)
     for row in range(group, n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)  # not .to: the interpreter hands the loop a Python int
-        start = row64 * n_cols
+        start = known_multiple(row64 * n_cols - skew, FRAME)  # the row's frame (its first element unframed)
         stats = stats_ptr + row64 * 4  # _STATS values a row
         rstd = tl.load(stats + 1)
         mean_g_xhat = tl.load(stats + 2)
-        x = _load(x_ptr + start + cols, mask)
-        dy = _load(dy_ptr + start + cols, mask)
+        x = _load(x_ptr + start + places, mask)
+        dy = _load(dy_ptr + start + places, mask)
         g = dy
         if HAS_WEIGHT:
             g = dy * w
@@ -635,12 +710,12 @@ def columns_backward(
         else:
             xhat = x * rstd
             dx = (g - xhat * mean_g_xhat) * rstd
-        tl.store(dx_ptr + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + start + places, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if WEIGHT_GRAD:
             dw_acc += tl.where(mask, dy * xhat, 0.0)
         if BIAS_GRAD:
             db_acc += dy
-    partial = group.to(tl.int64) * n_cols + cols
+    partial = group.to(tl.int64) * n_cols + places - skew  # the places' columns
     if WEIGHT_GRAD:
         tl.store(dw_partial_ptr + partial, dw_acc, mask=mask)
     if BIAS_GRAD:
@@ -726,23 +801,23 @@ def layer_norm_backward_kernel(
 
 @triton.jit
 def layer_norm_backward_stats_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, w_stride, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
     row_statistics_backward(
-        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, True, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, w_stride, True, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE, FRAME
     )
 
 
 @triton.jit
 def layer_norm_backward_columns_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, w_stride,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
     columns_backward(
-        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
-        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, w_stride,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE, FRAME,
     )  # fmt: skip
 
 
@@ -803,21 +878,21 @@ def rms_norm_backward_kernel(
 
 @triton.jit
 def rms_norm_backward_stats_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, w_stride, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
     row_statistics_backward(
-        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, False, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE
+        dy_ptr, x_ptr, w_ptr, stats_ptr, n_cols, eps, w_stride, False, HAS_WEIGHT, BLOCK_N, COL_MULTIPLE, FRAME
     )
 
 
 @triton.jit
 def rms_norm_backward_columns_kernel(
-    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, w_stride,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, FRAME: tl.constexpr,
 ):  # fmt: skip
     columns_backward(
-        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols,
-        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE,
+        dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, w_stride,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, COL_MULTIPLE, FRAME,
     )  # fmt: skip

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from ..blocks.held_rows import held_rows_scratch, register_capped
+from ..blocks.sizes import cdiv
 from ..runtime import launcher
 from .held import layer_norm_backward_held_kernel, rms_norm_backward_held_kernel
 from .kernels import (
@@ -137,16 +139,31 @@ def _held_rows_backward(plan: BackwardPlan, kernels: NormKernels, grad, x, w, dx
 
 def _long_rows_backward(plan: BackwardPlan, kernels: NormKernels, grad, x, w, dx, eps, flags):
     stats = torch.empty(plan.n_rows, _STATS, dtype=_compute_dtype(x), device=x.device)
+    w_stride = 0
+    if plan.frame and flags["HAS_WEIGHT"]:  # (w stands in for an absent weight: x, never read then)
+        w, w_stride = shifted_weights(w, plan.frame)
     launcher(kernels.backward_stats, grad)[(plan.n_rows,)](
-        grad, x, w, stats, plan.n_cols, eps,
-        HAS_WEIGHT=flags["HAS_WEIGHT"], BLOCK_N=plan.block_n, COL_MULTIPLE=plan.col_multiple, num_warps=plan.warps,
+        grad, x, w, stats, plan.n_cols, eps, w_stride, HAS_WEIGHT=flags["HAS_WEIGHT"], BLOCK_N=plan.block_n,
+        COL_MULTIPLE=plan.col_multiple, FRAME=plan.frame, num_warps=plan.warps,
     )  # fmt: skip
     dw_partial, db_partial = _partials(plan, x, dx, flags)
     launcher(kernels.backward_columns, grad)[plan.grid](
-        grad, x, w, stats, dx, dw_partial, db_partial, plan.n_rows, plan.n_cols,
-        **flags, BLOCK_N=plan.block_n, num_warps=plan.warps,
+        grad, x, w, stats, dx, dw_partial, db_partial, plan.n_rows, plan.n_cols, w_stride,
+        **flags, BLOCK_N=plan.block_n, FRAME=plan.frame, num_warps=plan.warps,
     )  # fmt: skip
     return dw_partial, db_partial
+
+
+def shifted_weights(w: torch.Tensor, frame: int) -> tuple[torch.Tensor, int]:
+    """(copies, row stride): w shifted by each skew a framed row can have, for loads as aligned as x's.  Row j
+    holds w[p + j + 1 - frame] at place p (0 off w's ends), so the row frame - 1 - skew holds column p - skew,
+    as a row of that skew's frame does (kernels.py, _shifted_w).  Rows are whole runs: every row starts on a
+    16-byte boundary.  frame copies of w, made by one pad and one stack (w is a row's size: small next to x)."""
+    n = w.numel()
+    places = cdiv(n + frame, frame) * frame  # a framed row's places end before n + frame
+    padded = F.pad(w, (frame, places + frame - n))  # padded[i] = w[i - frame]
+    # (slices stacked, not an as_strided view copied: a fake CUDA tensor's as_strided fails on a CPU build)
+    return torch.stack([padded[j + 1 : j + 1 + places] for j in range(frame)]), places
 
 
 _BACKWARDS = {SHORT_ROWS: _short_rows_backward, HELD_ROWS: _held_rows_backward, LONG_ROWS: _long_rows_backward}

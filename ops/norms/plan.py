@@ -64,6 +64,10 @@ Backward, three designs, by row length:
   grid, writes dx for its chunk of each row of its group and accumulates
   that chunk of dw/db in registers into the scratch; then the same column
   sum.  x and dy are read twice, the price of rows longer than a block.
+  Rows off 16-byte boundaries are swept in their frames (``frame``), w read
+  from copies shifted by each skew, and every row of a group has one skew;
+  layer norm's such rows past its framed setups' 64 segments come here
+  rather than held (measured faster: Tuning.layer_norm_held).
 
 Saved statistics or recomputed ones: recomputed.  The backward reads every
 row of x and dy anyway, and mean and rstd come out of the very pass that
@@ -334,6 +338,10 @@ class Tuning:
     # less (ptxas: bf16 at 64 segments 16 -> 0 bytes, at 99 60 -> 20, framed 140 -> 108).  H200, through the
     # op's launch path, 168 over 160: bf16 4096x32768 / 4096x50264 / 4096x50257 / 8192x12288 / 1024x65536 /
     # 2000x20001 0.98 / 0.94 / 0.98 / 1.00 / 0.96 / 0.95, float32 0.89 / 0.92 / 0.98 / 0.94 / 0.91 / 0.91.
+    # Version 57: layer norm's framed rows are held up to 64 segments; longer ones take the two sweeps, framed
+    # since that version.  H200, held over framed sweeps' time (CUDA graphs, one process), bf16 8192x12289 (25
+    # segments) 0.88, 2000x20001 (40) 1.01, 4096x32769 (65) 1.16, 4096x50257 (99) 1.17; float32 2000x20001 0.95,
+    # 4096x32769 1.10, 4096x50257 1.14.  (Aligned rows differ: 4096x50264 held 0.91 of the sweeps' time.)
     layer_norm_held: HeldSetups = HeldSetups(
         for_16_bit=(
             HeldNormSetup(512, 1, 168, 12, max_segments=128, rows_ahead=2),
@@ -343,7 +351,8 @@ class Tuning:
             HeldNormSetup(512, 1, 168, 12, max_segments=128),
             HeldNormSetup(1024, 2, 168, 6, max_segments=128),
         ),
-        framed_16_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=128),),
+        framed_16_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=64),),
+        framed_32_bit=(HeldNormSetup(512, 1, 168, 12, max_segments=64),),
     )
     # One warp a program up to 128 segments a row, then wider programs (see layer_norm_held).
     rms_norm_held: HeldSetups = HeldSetups(
@@ -510,6 +519,7 @@ class BackwardPlan:
     block_n: int = 0
     warps: int = 1
     load_ahead: bool = False  # SHORT_ROWS: the next tile's loads issued before this tile's math
+    frame: int = 0  # LONG_ROWS: rows off 16-byte boundaries read in frames of `frame`-element runs (0: not framed)
     held: Optional[HeldRowsPlan] = None
     column_sum: Optional[ColumnSumPlan] = None
 
@@ -573,14 +583,24 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
             load_ahead=block_m * block_n * meta.widest <= tuning.load_ahead_bytes, **common,
         )  # fmt: skip
     chunk = tuning.chunk[kind]
-    n_chunks = cdiv(n_cols, chunk)
+    frame = _frame(meta)
+    n_chunks = cdiv(n_cols + frame, chunk)  # framed, a row's places run up to a run less one past its columns
     # About as many programs as the short-row design, spread over the chunks.
     target = _target_programs(meta, tuning, tuning.programs_per_sm)
-    n_groups = _partial_rows(cdiv(target, n_chunks), n_rows, target, tuning)
+    n_groups = _row_groups(meta, cdiv(target, n_chunks), target, frame, tuning)
     return BackwardPlan(
-        design=LONG_ROWS, grid=(n_groups, n_chunks), partial_rows=n_groups, block_n=chunk,
+        design=LONG_ROWS, grid=(n_groups, n_chunks), partial_rows=n_groups, block_n=chunk, frame=frame,
         warps=warps_for(chunk, per_thread=tuning.long_row_backward_per_thread), **common,
     )  # fmt: skip
+
+
+def _row_groups(meta: Meta, work_items: int, target: int, frame: int, tuning: Tuning) -> int:
+    """The long-row backward's row groups (_partial_rows).  Framed, group g takes rows g, g + groups, ..., which
+    must share g's skew: the groups are a multiple of the skews, unless there are as many as rows."""
+    groups = _partial_rows(work_items, meta.n_rows, target, tuning)
+    if not frame or groups >= meta.n_rows:
+        return groups
+    return min(meta.n_rows, cdiv(groups, _skews(meta.n_cols, frame)) * _skews(meta.n_cols, frame))
 
 
 # --------------------------------------------------------------------------

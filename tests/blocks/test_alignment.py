@@ -80,7 +80,7 @@ ROW_KERNELS = {
     ),
     "rms_norm backward, long rows": (
         rms_norm.rms_norm_backward_columns_kernel, {**_BF16_ROW, **_FP32_SCRATCH},
-        {"HAS_WEIGHT": True, "WEIGHT_GRAD": True, "BIAS_GRAD": False, "BLOCK_N": 4096}, 8, 0,
+        {"HAS_WEIGHT": True, "WEIGHT_GRAD": True, "BIAS_GRAD": False, "BLOCK_N": 4096, "FRAME": 0}, 8, 0,
     ),
     "softmax forward": (softmax.softmax_forward_kernel, _BF16_ROW, {"inner": 1, "BLOCK_M": 4, "BLOCK_N": 1024}, 8, 0),
     "softmax backward": (

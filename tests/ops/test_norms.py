@@ -500,12 +500,22 @@ def launched(monkeypatch):
 DESIGN_CASES = [
     ((13, 20), "forward", "backward", (13,), (6,)),  # tiles of 1 row; 6 programs looping over 2 or 3 tiles
     ((9, 6), "forward", "backward", (3,), (3,)),  # tiles of 4 rows of 8 lanes; the last tile is 3 rows of padding
-    ((7, 50), "forward", "backward_long", (7,), (2, 4)),  # 2 row groups x 4 chunks, the last of 2 columns
+    # 2 row groups x 4 chunks, the last of 2 columns; framed in 16 bits (100 bytes a row: 4 skews, and the groups
+    # a multiple of them) and float32 (200 bytes: 2 skews): framed, 4 chunks of places cover 50 columns + 8 (4)
+    ((7, 50), "forward", "backward_long", (7,), {torch.float64: (2, 4), "16-bit": (4, 4), torch.float32: (2, 4)}),
     ((5, 100), "forward_long_rows", "backward_long", (5,), (2, 7)),  # 7 chunks, the last of 4 columns
     # Rows off 16-byte boundaries in every dtype (101 elements), the long forward framed (FRAME: 8 16-bit
-    # elements, 4 float32, 2 float64): each row's partial runs apart from its whole ones.
-    ((6, 101), "forward_long_rows", "backward_long", (6,), (2, 7)),
+    # elements, 4 float32, 2 float64): each row's partial runs apart from its whole ones.  The backward's row
+    # groups are a multiple of the skews (8, 4, 2), or as many as the rows.
+    ((6, 101), "forward_long_rows", "backward_long", (6,), {"16-bit": (6, 7), torch.float32: (4, 7), torch.float64: (2, 7)}),
 ]
+
+
+def grid_for(grid, dtype):
+    """A case's grid, or its grid for `dtype` where the grid depends on it (framed rows)."""
+    if not isinstance(grid, dict):
+        return grid
+    return grid["16-bit" if dtype.itemsize == 2 else dtype]
 
 
 def kernel_names(prefix, forward, backward):
@@ -535,7 +545,7 @@ def test_designs_match_float64(launched, dtype, case):
         assert names == [forward_kernel, forward_kernel, *backward_kernels, "column_sum_kernel"], names
         grids = {name: grid for name, grid, _ in launched}
         assert grids[forward_kernel] == forward_grid
-        assert grids[backward_kernels[-1]] == backward_grid
+        assert grids[backward_kernels[-1]] == grid_for(backward_grid, dtype)
         assert grids["column_sum_kernel"][1] == (1 if prefix == "rms_norm" else 2)  # a block per parameter
 
 
@@ -748,6 +758,19 @@ HELD_16 = dataclasses.replace(HELD, cpu_programs=16)  # 8 framed rows of 33 colu
 HELD_32 = dataclasses.replace(HELD, cpu_programs=32)  # 8 framed rows of 101 columns (4 segments) at once
 
 
+def check_a_float32_grad(op, x, weight, bias, tuning):
+    """The backward entry point with a float32 grad (as autocast hands a float32 result's gradient) of x, under
+    `tuning`: dx, dweight (and dbias) in x's dtype, against float64."""
+    grad = torch.randn(x.shape)
+    bias = bias if op == "layer_norm" else None
+    tk_grads = _backward(op, grad, x.detach(), weight, True, bias is not None, tuning)
+    leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
+    pytorch_norm(op)(*leaves).backward(grad.double())
+    for got, leaf in zip(tk_grads, leaves):
+        assert got.dtype == x.dtype
+        assert_close(got, leaf.grad, x.dtype)
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype", DTYPES[:3])  # float64 keeps the two sweeps (see test_the_held_rows_rule)
 @pytest.mark.parametrize("shape", [(7, 100), (20, 33), (3, 2, 64)], ids=str)
@@ -768,14 +791,7 @@ def test_norm_backward_held_rows_match_float64(launched, op, dtype, shape):
         check_gradients(tk_fn, torch_fn, leaves, dtype)
         names = [name for name, *_ in launched]
         assert f"{op}_backward_held_kernel" in names and f"{op}_backward_stats_kernel" not in names, names
-    grad = torch.randn(shape)  # float32, as autocast hands a float32 result's gradient
-    bias = bias if op == "layer_norm" else None
-    tk_grads = _backward(op, grad, x.detach(), weight, True, bias is not None, HELD_16)
-    leaves = [leaf64(x), leaf64(weight), None if bias is None else leaf64(bias)]
-    torch_fn(*leaves).backward(grad.double())
-    for got, leaf in zip(tk_grads, leaves):
-        assert got.dtype == dtype
-        assert_close(got, leaf.grad, dtype)
+    check_a_float32_grad(op, x, weight, bias, HELD_16)
 
 
 def _held_twice(op, x, grad, weight, rows_ahead=1):
@@ -1033,6 +1049,62 @@ def test_the_framed_forward_reads_and_writes_16_bytes_an_access(centered):
     assert "st.global.v4.b32" not in tiled and "st.global.b16" in tiled, sorted(set(tiled))
 
 
+@pytest.mark.parametrize("centered", [False, True], ids=["rms_norm", "layer_norm"])
+def test_the_framed_two_sweeps_backward_reads_and_writes_16_bytes_an_access(centered):
+    """Built for sm_90 (no GPU needed): the long-row backward's two passes over rows of 50257 bfloat16
+    columns, framed (FRAME 8), load x, dy and w and store dx 16 bytes an access; unframed (COL_MULTIPLE 1,
+    before this design) no access is wider than an element."""
+    from triton.compiler import ASTSource
+
+    kernels = norm_launch.KERNELS[centered]
+    two_sweeps = dataclasses.replace(TUNING, held_rows=ByKind(cuda=False, cpu=False))  # RMS norm holds these rows
+    plan = choose_backward_plan(h100_meta(4096, 50257, 2, centered=centered), two_sweeps)
+    assert (plan.design, plan.frame) == (LONG_ROWS, 8)
+    accesses = {}
+    for frame in (8, 0):
+        for kernel in (kernels.backward_stats, kernels.backward_columns):
+            signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+            wider = {"stats_ptr": "*fp32", "dw_partial_ptr": "*fp32", "db_partial_ptr": "*fp32", "eps": "fp32"}
+            signature.update({name: kind for name, kind in wider.items() if name in signature})
+            constants = dict(HAS_WEIGHT=True, BLOCK_N=plan.block_n, COL_MULTIPLE=1, FRAME=frame)
+            if kernel is kernels.backward_columns:
+                constants.update(WEIGHT_GRAD=True, BIAS_GRAD=centered)
+            signature.update({name: "constexpr" for name in constants})
+            aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
+            launch = types.SimpleNamespace(warps=plan.warps, registers=255)
+            ptx = build_for_hopper(ASTSource(kernel, signature, constants, aligned), launch).asm["ptx"]
+            accesses[frame, kernel] = set(re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx))
+    for kernel in (kernels.backward_stats, kernels.backward_columns):
+        assert "ld.global.v4.b32" in accesses[8, kernel], accesses[8, kernel]
+        assert not any(".v4" in access or ".v2" in access for access in accesses[0, kernel]), accesses[0, kernel]
+    assert "st.global.v4.b32" in accesses[8, kernels.backward_columns]  # dx
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", DTYPES[:3])
+@pytest.mark.parametrize("shape", [(37, 61), (5, 61), (40, 99), (2, 10, 50)], ids=str)
+def test_framed_two_sweeps_backward_matches_float64(launched, op, dtype, shape):
+    """The long-row backward framed, in the interpreter, against float64: rows off boundaries of 8 skews (61 and
+    99 columns) and 4 (50, 16-bit), fewer rows than skews (5), groups of one skew holding several rows each, a
+    mean far from 0 (layer norm), with a weight (and bias) and without; and a float32 grad of a 16-bit x."""
+    n_rows, n_cols = math.prod(shape[:-1]), shape[-1]
+    meta = Meta(op == "layer_norm", n_rows, n_cols, dtype.itemsize, dtype.itemsize)
+    plan = choose_backward_plan(meta, SMALL)
+    assert (plan.design, plan.frame) == (LONG_ROWS, 16 // dtype.itemsize), plan
+    skews = plan.frame // math.gcd(n_cols, plan.frame)
+    assert plan.grid[0] == n_rows if n_rows <= skews else plan.grid[0] % skews == 0, plan.grid
+    tk_fn, torch_fn = tuned(op, SMALL), pytorch_norm(op)
+    x = 100 + torch.randn(shape, dtype=dtype) if op == "layer_norm" else 3 + 2 * torch.randn(shape, dtype=dtype)
+    weight, bias = params(n_cols, "cpu", dtype)
+    for w, b in ((weight, bias), (None, None)):
+        launched.clear()
+        leaves = [x.requires_grad_(), None if w is None else w.requires_grad_(), None if b is None else b.requires_grad_()]
+        check_gradients(tk_fn, torch_fn, leaves, dtype)
+        frames = {constexprs.get("FRAME") for name, _, constexprs in launched if "_backward_" in name and "FRAME" in constexprs}
+        assert frames == {plan.frame}, launched
+    check_a_float32_grad(op, x, weight, bias, SMALL)
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_framed_long_rows_with_chunks_no_longer_than_a_run(op):
     """Framed long rows swept in chunks of one run (8 bf16): the first chunk holds none of the row's
@@ -1088,7 +1160,13 @@ def test_the_held_rows_rule():
     # a multiple of the run
     assert held(True, 2000, 20008, 4) == (ln.for_32_bit[0], 512, 40, 39)
     assert held(False, 2000, 20001, 4) == (rms.framed_32_bit[0], 512, 40, 36)  # 12 an SM: 39 -> 36
-    assert held(True, 4096, 50257, 2) == (ln.framed_16_bit[0], 512, 99, 16)
+    # layer norm's framed setups stop at 64 segments (version 57): past them, the framed two sweeps
+    assert held(True, 4096, 32761, 2) == (ln.framed_16_bit[0], 512, 64, 24)  # 32761 + 7 places: 64 segments
+    assert held(True, 4096, 32763, 2) is None and held(True, 4096, 50257, 2) is None  # 65 and 99
+    assert held(True, 2000, 20001, 4) == (ln.framed_32_bit[0], 512, 40, 36)
+    assert held(True, 2000, 32765, 4) == (ln.framed_32_bit[0], 512, 64, 24)  # 32765 + 3 places
+    assert held(True, 2000, 32767, 4) is None
+    assert choose_backward_plan(Meta(True, 4096, 50257, 2, 2, H100)).frame == 8
     assert held(False, 4096, 50257, 2) == (rms.framed_16_bit[0], 512, 99, 16)  # 16 an SM: 21 -> 16
     assert held(False, 4096, 50260, 2) == (rms.framed_16_bit[0], 512, 99, 20)  # 4 mod 8: two rows are whole runs
     # A setup's segment cap counts a framed row's places (65535 + 7 bf16: 129 segments of 512, past the cap)
@@ -1097,7 +1175,7 @@ def test_the_held_rows_rule():
     # 74 segments of 2048, 4 programs an SM fit 7 rows at once, not 8); layer norm's take two sweeps
     plan = choose_backward_plan(Meta(False, 4096, 150001, 2, 2, H100))
     assert plan.design == HELD_ROWS and plan.held.frame == 0 and plan.held.setup == bf16_wide
-    for centered, n_cols, widest, frame in ((True, 50257, 2, 8), (False, 20001, 4, 4), (True, 20008, 4, 0)):
+    for centered, n_cols, widest, frame in ((True, 20001, 2, 8), (False, 20001, 4, 4), (True, 20008, 4, 0)):
         assert choose_backward_plan(Meta(centered, 4096, n_cols, widest, widest, H100)).held.frame == frame
     assert held(False, 4, 70016, 2, INTERPRETER) is None  # off in the interpreter, unless a tuning turns it on
     assert choose_backward_plan(Meta(False, 4, 100, 2, 2), SMALL).design == LONG_ROWS
@@ -1194,7 +1272,7 @@ def test_the_held_plan_follows_the_call():
     assert (rms.words, rms.setup.rows_ahead, rms.overlap_fill) == (64, 1, True)
     assert rms.constexprs() == {"SEGMENT": 512, "SEGMENTS_BLOCK": 64, "ROWS_AHEAD": 1, "FRAME": 0}
     # Rows off 16-byte boundaries: framed, never FULL (a row's places start up to a run before it)
-    framed = choose_backward_plan(h100_meta(4096, 99 * 512 + 1, 2)).held
+    framed = choose_backward_plan(h100_meta(4096, 63 * 512 + 1, 2)).held  # 64 segments: layer norm holds it
     assert framed.constexprs()["FRAME"] == 8 and framed.constexprs()["FULL"] is False
 
 
@@ -1275,6 +1353,46 @@ def test_norm_held_rows_on_the_gpu(launched, op, dtype):
         after_fill = _backward_planned(op, grad, x, weight, bias, overlap_fill=False)
         assert not launched[-2][2]["OVERLAPPED"]
         assert all(torch.equal(a, b) for a, b in zip(after_fill, grads))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_norm_framed_two_sweeps_on_the_gpu(launched, op, dtype):
+    """The long-row backward framed on the GPU against float64: layer norm's rows off 16-byte boundaries past its
+    framed setups' 64 segments (32769, 50257 and 70001 columns; fewer rows than skews; a mean far from 0), and
+    RMS norm's with held rows turned off (its plan holds them); with a weight and without."""
+    tuning = TUNING if op == "layer_norm" else dataclasses.replace(TUNING, held_rows=ByKind(cuda=False, cpu=False))
+    torch_fn = pytorch_norm(op)
+    for n_rows, n_cols in [(1000, 32769), (257, 50257), (5, 50257), (40, 70001)]:
+        x = (100 if op == "layer_norm" else 3) + torch.randn(n_rows, n_cols, device="cuda", dtype=dtype)
+        grad = torch.randn_like(x)
+        weight, bias = params(n_cols, "cuda", dtype)
+        bias = bias if op == "layer_norm" else None
+        for w, b in ((weight, bias), (None, None)):
+            launched.clear()
+            grads = _backward(op, grad, x, w, w is not None, b is not None, tuning)
+            frames = [constexprs.get("FRAME") for name, _, constexprs in launched if "FRAME" in constexprs]
+            assert frames == [16 // dtype.itemsize] * 2, launched  # the statistics sweep and the columns, framed
+            leaves = [leaf64(x), None if w is None else leaf64(w), None if b is None else leaf64(b)]
+            torch_fn(*leaves).backward(grad.double())
+            for got, leaf in zip(grads, leaves):
+                if leaf is not None:
+                    assert_close(got, leaf.grad, dtype)
+
+
+def test_shifted_weights_hold_each_skews_columns():
+    """launch.py's shifted_weights: the row frame - 1 - skew holds column p - skew at place p, 0 off w's ends;
+    rows whole runs, every one starting on a 16-byte boundary."""
+    for n, frame, dtype in [(11, 4, torch.float32), (61, 8, torch.bfloat16), (50257, 8, torch.bfloat16)]:
+        w = torch.arange(1, n + 1).to(dtype)
+        copies, stride = norm_launch.shifted_weights(w, frame)
+        assert copies.is_contiguous() and copies.shape == (frame, stride) and (stride * copies.element_size()) % 16 == 0
+        assert stride >= n + frame - 1  # the places of a row of any skew
+        for skew in range(frame):
+            columns = torch.arange(stride) - skew
+            expected = torch.where((columns >= 0) & (columns < n), columns + 1, 0).to(dtype)
+            assert torch.equal(copies[frame - 1 - skew], expected), skew
 
 
 @pytest.mark.gpu

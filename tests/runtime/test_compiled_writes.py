@@ -77,11 +77,19 @@ def test_no_traced_launch_writes_an_input_of_its_op(hopper_driver, op):
             check_traced_launches(ops.SPECS[op], shape, dtype)
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+# Rows off 16-byte boundaries, planned for an H100, whose frames' addresses the harness's aligned shapes never
+# reach: the forward's framed tile (1001 and 3001 columns); the backward's framed two sweeps (layer norm at 50257
+# columns, w read from its shifted copies) and framed held rows (20001).
+FRAMED_NORM_SHAPES = {
+    "layer_norm": [(4096, 1001), (999, 3001)],
+    "rms_norm": [(4096, 1001), (999, 3001)],
+    "layer_norm_backward": [(64, 50257), (999, 20001)],
+}
+
+
+@pytest.mark.parametrize("op", sorted(FRAMED_NORM_SHAPES))
 def test_no_traced_launch_of_a_framed_norm_writes_its_inputs(hopper_driver, op):
-    """Rows off 16-byte boundaries (1001 and 3001 columns) take the forward's framed tile on an H100, whose
-    frames' addresses the harness's aligned shapes never reach."""
-    for shape in [(4096, 1001), (999, 3001)]:
+    for shape in FRAMED_NORM_SHAPES[op]:
         for dtype in DTYPES:
             check_traced_launches(ops.SPECS[op], shape, dtype)
 
