@@ -10,10 +10,10 @@ allocates, launches and sums what the plan says, and decides nothing.
 import torch
 import torch.nn.functional as F
 
-from ..blocks.elementwise import elementwise_config, elementwise_grid
+from ..blocks.elementwise import elementwise_config
 from ..blocks.sizes import cdiv
 from ..matmul.op import product_into
-from ..runtime import launcher
+from ..runtime import device_facts, launcher
 from .kernels import linear_cross_entropy_kernel, scale_in_place_kernel
 from .plan import FLOAT32, FLOAT32_TRACED, IN_OUTPUT, TK_GEMM, Plan
 
@@ -169,5 +169,12 @@ def scale_in_place(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n = t.numel()
     if n:
         block, warps = elementwise_config(n, t.device)
-        launcher(scale_in_place_kernel, t)[elementwise_grid(n, block)](t, scale, n, BLOCK_SIZE=block, num_warps=warps)
+        sms = max(device_facts(t.device).sm_count, 1)  # (the interpreter's facts count none)
+        programs = min(cdiv(n, block), sms * _SCALE_PROGRAMS_PER_SM)
+        launcher(scale_in_place_kernel, t)[(programs,)](t, scale, n, BLOCK_SIZE=block, num_warps=warps)
     return t
+
+
+# scale_in_place_kernel's programs an SM, each looping over blocks: the elementwise rule's programs are 256 threads,
+# so 8 fill an SM's 2048 (and a scale of 1 costs a launch of a few hundred programs, not one a block).
+_SCALE_PROGRAMS_PER_SM = 8

@@ -940,12 +940,13 @@ def test_scale_in_place_of_one_and_of_the_next_value_above_one(device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scale_in_place_against_float64(device, dtype):
     """The backward's scaling kernel: whole blocks and a ragged tail, each dtype, the product rounded
-    once (not torch's CUDA mul, which rounds the scale to the dtype first); an empty tensor, and a
-    non-contiguous one (scaled by torch instead)."""
+    once (not torch's CUDA mul, which rounds the scale to the dtype first); more blocks than programs (a
+    program takes every num_programs-th block: 10 blocks of 2**16 on the interpreter's 8 programs, 1537 of
+    2048 on a GPU's 8 an SM); an empty tensor, and a non-contiguous one (scaled by torch instead)."""
     from ops.linear_cross_entropy.launch import scale_in_place
 
     scale = torch.tensor(-2.7, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
-    for n in (1, 1000 + 7, pick(device, 5000, 3 * 2**20 + 5)):
+    for n in (1, 1000 + 7, pick(device, 9 * 2**16 + 5, 3 * 2**20 + 5)):
         t = torch.randn(n, device=device).to(dtype)
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         rounded_once, want = (t.to(compute) * scale).to(dtype), t.double() * scale.double()
