@@ -161,7 +161,7 @@ def shifted_weights(w: torch.Tensor, frame: int) -> tuple[torch.Tensor, int]:
     16-byte boundary.  frame copies of w, made by one pad and one stack (w is a row's size: small next to x)."""
     n = w.numel()
     places = cdiv(n + frame, frame) * frame  # a framed row's places end before n + frame
-    padded = F.pad(w, (frame, places + frame - n))  # padded[i] = w[i - frame]
+    padded = F.pad(w.reshape(n), (frame, places + frame - n))  # padded[i] = w[i - frame]; w of any normalized shape
     # (slices stacked, not an as_strided view copied: a fake CUDA tensor's as_strided fails on a CPU build)
     return torch.stack([padded[j + 1 : j + 1 + places] for j in range(frame)]), places
 

@@ -1381,6 +1381,21 @@ def test_norm_framed_two_sweeps_on_the_gpu(launched, op, dtype):
                     assert_close(got, leaf.grad, dtype)
 
 
+def test_framed_two_sweeps_of_a_normalized_shape_of_two_dims():
+    """Layer norm over normalized_shape (5, 13) (65 bfloat16 columns a row, off 16-byte boundaries) in the framed
+    two sweeps: the weight (5, 13) is shifted as one row of 65 (padding its last dim alone read past the copies:
+    the fuzz's segfault), against float64."""
+    x = (torch.randn(6, 5, 13) * 2 + 3).to(torch.bfloat16)
+    weight, grad = torch.randn(5, 13).to(torch.bfloat16), torch.randn(6, 5, 13).to(torch.bfloat16)
+    assert choose_backward_plan(Meta(True, 6, 65, 2, 2), SMALL).frame == 8
+    dx, dw, db = layer_norm_entry.backward(grad, x, [5, 13], weight, 1e-5, True, True, tuning=SMALL)
+    leaves = [leaf64(x), leaf64(weight), leaf64(torch.zeros(5, 13))]
+    F.layer_norm(leaves[0], [5, 13], leaves[1], leaves[2], 1e-5).backward(grad.double())
+    for got, leaf in zip((dx, dw, db), leaves):
+        assert got.shape == leaf.shape
+        assert_close(got, leaf.grad, torch.bfloat16)
+
+
 def test_shifted_weights_hold_each_skews_columns():
     """launch.py's shifted_weights: the row frame - 1 - skew holds column p - skew at place p, 0 off w's ends;
     rows whole runs, every one starting on a 16-byte boundary."""
@@ -1389,6 +1404,7 @@ def test_shifted_weights_hold_each_skews_columns():
         copies, stride = norm_launch.shifted_weights(w, frame)
         assert copies.is_contiguous() and copies.shape == (frame, stride) and (stride * copies.element_size()) % 16 == 0
         assert stride >= n + frame - 1  # the places of a row of any skew
+        assert torch.equal(norm_launch.shifted_weights(w.reshape(1, n), frame)[0], copies)  # w of any shape: one row
         for skew in range(frame):
             columns = torch.arange(stride) - skew
             expected = torch.where((columns >= 0) & (columns < n), columns + 1, 0).to(dtype)
