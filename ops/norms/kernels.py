@@ -253,7 +253,8 @@ def _merge_chunks(x_ptr, mean, m2, n_seen, start, end, CENTERED: tl.constexpr, B
             mask = mask & (places >= LOW)
         x = _load(x_ptr + places, mask)
         if CENTERED:
-            n_chunk = (tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW)).to(x.dtype)
+            # (0 at least: a chunk wholly below LOW, chunks shorter than the run, counts none)
+            n_chunk = tl.maximum(tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW), 0).to(x.dtype)
             # A chunk of no row elements (framed, BLOCK_N <= LOW: the first chunk is the partial run) has M2
             # and mean 0; its count, 0, weighs it out of the merge.
             chunk_mean, chunk_m2 = _chunk_moments(x, mask, tl.maximum(n_chunk, 1.0))
@@ -330,7 +331,8 @@ def _comoments_from(x_ptr, dy_ptr, w_ptr, first_places, first_mask, first_count,
         for first in range(start, end, BLOCK_N):
             x_chunk, g_chunk, mask = _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW, HAS_WEIGHT, BLOCK_N)
             # A chunk of no places (framed, BLOCK_N <= LOW) has count 0, which weighs it out of the merge.
-            n_chunk = (tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW)).to(x.dtype)
+            # (0 at least: a chunk wholly below LOW, chunks shorter than the run, counts none)
+            n_chunk = tl.maximum(tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW), 0).to(x.dtype)
             chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x_chunk, g_chunk, mask, tl.maximum(n_chunk, 1.0))
             mean_x, mean_g, m2, c, n_seen = _merge_comoments(
                 mean_x, mean_g, m2, c, n_seen, chunk_x, chunk_g, chunk_m2, chunk_c, n_chunk
@@ -618,8 +620,10 @@ _STATS = 4  # per row: mean, rstd, mean(g * xhat), mean(g)
 
 @triton.jit
 def _shifted_w(w_ptr, w_stride, skew, FRAME: tl.constexpr):
-    """The row of launch.py's shifted_weights whose place p holds column p - skew."""
-    return w_ptr + (FRAME - 1 - skew) * w_stride
+    """The row of launch.py's shifted_weights whose place p holds column p - skew.  Its rows are whole runs: told
+    so, the compiler loads w 16 bytes an access, as x (rows of 50265 bf16 are 50272 places, not a multiple of 16).
+    int64: frame rows of a very long w pass 2**31 elements."""
+    return w_ptr + (FRAME - 1 - skew).to(tl.int64) * known_multiple(w_stride, FRAME)
 
 
 @triton.jit

@@ -584,7 +584,7 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
         )  # fmt: skip
     chunk = tuning.chunk[kind]
     frame = _frame(meta)
-    n_chunks = cdiv(n_cols + frame, chunk)  # framed, a row's places run up to a run less one past its columns
+    n_chunks = cdiv(n_cols + max(frame - 1, 0), chunk)  # framed, a row's places end up to a run less one past it
     # About as many programs as the short-row design, spread over the chunks.
     target = _target_programs(meta, tuning, tuning.programs_per_sm)
     n_groups = _row_groups(meta, cdiv(target, n_chunks), target, frame, tuning)

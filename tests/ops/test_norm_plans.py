@@ -91,7 +91,7 @@ def test_every_backward_plan_covers_its_rows_and_fits_its_grid(centered, n_rows,
         assert plan.design == LONG_ROWS and not short
         n_groups, n_chunks = plan.grid
         assert plan.frame == frame  # rows off boundaries framed; the chunks cover a framed row's places
-        assert n_chunks == cdiv(n_cols + frame, plan.block_n) and n_groups == plan.partial_rows
+        assert n_chunks == cdiv(n_cols + max(frame - 1, 0), plan.block_n) and n_groups == plan.partial_rows
         if frame and n_groups < n_rows:  # a group's rows (g, g + n_groups, ...) share one skew
             assert (n_groups * n_cols) % frame == 0
 

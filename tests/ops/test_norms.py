@@ -1073,7 +1073,10 @@ def test_the_framed_two_sweeps_backward_reads_and_writes_16_bytes_an_access(cent
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
             launch = types.SimpleNamespace(warps=plan.warps, registers=255)
             ptx = build_for_hopper(ASTSource(kernel, signature, constants, aligned), launch).asm["ptx"]
-            accesses[frame, kernel] = set(re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx))
+            accesses[frame, kernel] = re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx)
+    # the statistics sweep's x, dy and w, each 16 bytes an access (w_stride is no multiple of 16 here, as at 50265
+    # bf16 columns: the kernel tells the compiler that the shifted copies' rows are whole runs)
+    assert accesses[8, kernels.backward_stats].count("ld.global.v4.b32") == 3, accesses[8, kernels.backward_stats]
     for kernel in (kernels.backward_stats, kernels.backward_columns):
         assert "ld.global.v4.b32" in accesses[8, kernel], accesses[8, kernel]
         assert not any(".v4" in access or ".v2" in access for access in accesses[0, kernel]), accesses[0, kernel]
@@ -1379,6 +1382,19 @@ def test_norm_framed_two_sweeps_on_the_gpu(launched, op, dtype):
             for got, leaf in zip(grads, leaves):
                 if leaf is not None:
                     assert_close(got, leaf.grad, dtype)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_framed_two_sweeps_with_chunks_shorter_than_a_run(op):
+    """Chunks of 4 columns, half a bf16 run: framed, a chunk wholly below the first whole run counts no
+    elements, and a negative count in the moments' merge gave NaN (the forward's sweep and the backward's
+    statistics sweep, layer norm; found by review), against float64 both ways."""
+    tuning = dataclasses.replace(SMALL, chunk=ByKind(cuda=4096, cpu=4))
+    x = (torch.randn(8, 277) * 2 + 3).to(torch.bfloat16)
+    weight, bias = params(277, "cpu", torch.bfloat16)
+    assert choose_backward_plan(Meta(op == "layer_norm", 8, 277, 2, 2), tuning).frame == 8
+    leaves = [x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+    check_gradients(tuned(op, tuning), pytorch_norm(op), leaves, torch.bfloat16)
 
 
 def test_framed_two_sweeps_of_a_normalized_shape_of_two_dims():
