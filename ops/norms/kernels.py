@@ -241,22 +241,34 @@ def _first_moments(x, mask, count, CENTERED: tl.constexpr):
 
 
 @triton.jit
+def _places_at(first, end, BLOCK_N: tl.constexpr, LOW: tl.constexpr):
+    """Places [first, first + BLOCK_N) of a row and the mask of those before `end` and at or past LOW (0: all).
+    Framed (LOW = FRAME, `end` a multiple of it), the mask's bounds are whole runs: 16 bytes an access."""
+    places = first + tl.arange(0, BLOCK_N)
+    mask = places < end
+    if LOW:
+        mask = mask & (places >= LOW)
+    return places, mask
+
+
+@triton.jit
+def _count_at(first, end, BLOCK_N: tl.constexpr, LOW: tl.constexpr):
+    """How many of _places_at's places are in the mask.  A chunk of none (framed, wholly below LOW: a chunk no
+    longer than the run) counts 0, which weighs it out of a merge of moments."""
+    return tl.maximum(tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW), 0)
+
+
+@triton.jit
 def _merge_chunks(x_ptr, mean, m2, n_seen, start, end, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr,
                   LOW: tl.constexpr):  # fmt: skip
     """The running (mean, M2, count) with the row's places [start, end) merged in, BLOCK_N a chunk
     (Chan); places below LOW are not in the sweep (a framed row's first partial run, taken apart).
     RMS norm: sum(x^2) added, mean and count left as they are."""
     for first in range(start, end, BLOCK_N):
-        places = first + tl.arange(0, BLOCK_N)
-        mask = places < end
-        if LOW:
-            mask = mask & (places >= LOW)
+        places, mask = _places_at(first, end, BLOCK_N, LOW)
         x = _load(x_ptr + places, mask)
         if CENTERED:
-            # (0 at least: a chunk wholly below LOW, chunks shorter than the run, counts none)
-            n_chunk = tl.maximum(tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW), 0).to(x.dtype)
-            # A chunk of no row elements (framed, BLOCK_N <= LOW: the first chunk is the partial run) has M2
-            # and mean 0; its count, 0, weighs it out of the merge.
+            n_chunk = _count_at(first, end, BLOCK_N, LOW).to(x.dtype)
             chunk_mean, chunk_m2 = _chunk_moments(x, mask, tl.maximum(n_chunk, 1.0))
             mean, m2, n_seen = _merge_moments(mean, m2, n_seen, chunk_mean, chunk_m2, n_chunk)
         else:
@@ -330,9 +342,7 @@ def _comoments_from(x_ptr, dy_ptr, w_ptr, first_places, first_mask, first_count,
         mean_x, mean_g, m2, c = _chunk_comoments(x, g, first_mask, n_seen)
         for first in range(start, end, BLOCK_N):
             x_chunk, g_chunk, mask = _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW, HAS_WEIGHT, BLOCK_N)
-            # A chunk of no places (framed, BLOCK_N <= LOW) has count 0, which weighs it out of the merge.
-            # (0 at least: a chunk wholly below LOW, chunks shorter than the run, counts none)
-            n_chunk = tl.maximum(tl.minimum(end, first + BLOCK_N) - tl.maximum(first, LOW), 0).to(x.dtype)
+            n_chunk = _count_at(first, end, BLOCK_N, LOW).to(x.dtype)
             chunk_x, chunk_g, chunk_m2, chunk_c = _chunk_comoments(x_chunk, g_chunk, mask, tl.maximum(n_chunk, 1.0))
             mean_x, mean_g, m2, c, n_seen = _merge_comoments(
                 mean_x, mean_g, m2, c, n_seen, chunk_x, chunk_g, chunk_m2, chunk_c, n_chunk
@@ -352,12 +362,9 @@ def _comoments_from(x_ptr, dy_ptr, w_ptr, first_places, first_mask, first_count,
 @triton.jit
 def _comoment_chunk(x_ptr, dy_ptr, w_ptr, first, end, LOW: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                     BLOCK_N: tl.constexpr):  # fmt: skip
-    """(x, g, mask) at the places [first, first + BLOCK_N) before `end` and at or past LOW (0: all).  Names of
-    their own in the sweep's loop: a loop may not change the shape of a variable from before it."""
-    places = first + tl.arange(0, BLOCK_N)
-    mask = places < end
-    if LOW:
-        mask = mask & (places >= LOW)
+    """(x, g, mask) at _places_at's places.  Names of their own in the sweep's loop: a loop may not change the
+    shape of a variable from before it."""
+    places, mask = _places_at(first, end, BLOCK_N, LOW)
     return _load(x_ptr + places, mask), _load_g(dy_ptr, w_ptr, places, mask, HAS_WEIGHT)[0], mask
 
 
@@ -432,13 +439,6 @@ def normalize_long_rows(
 
 
 @triton.jit
-def _framed_chunk_at(first, body_end, BLOCK_N: tl.constexpr, FRAME: tl.constexpr):
-    """Frame places [first, first + BLOCK_N) and the mask of the whole runs among them."""
-    places = first + tl.arange(0, BLOCK_N)
-    return places, (places >= FRAME) & (places < body_end)
-
-
-@triton.jit
 def _framed_row_moments(x_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr, BLOCK_N: tl.constexpr,
                         FRAME: tl.constexpr):  # fmt: skip
     """_row_moments of the framed row whose frame starts at x_ptr: the two partial runs first
@@ -463,7 +463,7 @@ def _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTER
     mean, m2 = _framed_row_moments(x_ptr, skew, body_end, n_cols, CENTERED, BLOCK_N, FRAME)
     rstd = _rstd(m2, n_cols, eps)
     for first in range(0, body_end, BLOCK_N):
-        places, inside = _framed_chunk_at(first, body_end, BLOCK_N, FRAME)
+        places, inside = _places_at(first, body_end, BLOCK_N, FRAME)
         x = _load(x_ptr + places, inside)
         y = _scale_shift((x - mean) * rstd, w_ptr, b_ptr, places - skew, inside, HAS_WEIGHT, HAS_BIAS)
         tl.store(y_ptr + places, y.to(y_ptr.dtype.element_ty), mask=inside)
@@ -513,9 +513,7 @@ def normalize_framed_rows(
     access), the two partial runs apart (ops/blocks/alignment.py).  BLOCK_N is at least the row's length:
     its whole runs end before FRAME + n_cols."""
     skew_class = tl.program_id(0) % SKEWS
-    first_start = skew_class.to(tl.int64) * n_cols
-    skew = (first_start - known_multiple(first_start, FRAME)).to(tl.int32)
-    body_end = known_multiple(skew + n_cols, FRAME)
+    _, skew, body_end = peeled_frame(skew_class.to(tl.int64) * n_cols, n_cols, FRAME)  # every row's of the tile
     # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
     tile = (tl.program_id(0) // SKEWS).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
     rows = skew_class + SKEWS * tile
@@ -665,13 +663,12 @@ def columns_backward(
     runs, and the first chunk's programs also take the two partial runs."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     group = tl.program_id(0)
-    places = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tl.program_id(1).to(tl.int64) * BLOCK_N
     if FRAME:
-        first_start = group.to(tl.int64) * n_cols  # the group's first row: its skew is every row's of the group
-        skew = (first_start - known_multiple(first_start, FRAME)).to(tl.int32)
-        body_end = known_multiple(skew + n_cols, FRAME)
+        # the group's first row: its skew is every row's of the group
+        _, skew, body_end = peeled_frame(group.to(tl.int64) * n_cols, n_cols, FRAME)
         w_row = _shifted_w(w_ptr, w_stride, skew, FRAME)
-        body = (places >= FRAME) & (places < body_end)
+        places, body = _places_at(first, body_end, BLOCK_N, FRAME)
         _columns_of_group(dy_ptr, x_ptr, w_row, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group, n_rows,
                           n_cols, places, body, skew, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N, FRAME)
         if tl.program_id(1) == 0:
@@ -680,8 +677,9 @@ def columns_backward(
                               n_rows, n_cols, edges, in_row, skew, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD,
                               2 * FRAME, FRAME)  # fmt: skip
     else:
+        places, mask = _places_at(first, n_cols, BLOCK_N, 0)
         _columns_of_group(dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, group, n_rows,
-                          n_cols, places, places < n_cols, 0, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
+                          n_cols, places, mask, 0, CENTERED, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_N,
                           FRAME)  # fmt: skip
 
 

@@ -600,7 +600,8 @@ def _row_groups(meta: Meta, work_items: int, target: int, frame: int, tuning: Tu
     groups = _partial_rows(work_items, meta.n_rows, target, tuning)
     if not frame or groups >= meta.n_rows:
         return groups
-    return min(meta.n_rows, cdiv(groups, _skews(meta.n_cols, frame)) * _skews(meta.n_cols, frame))
+    skews = _skews(meta.n_cols, frame)
+    return min(meta.n_rows, cdiv(groups, skews) * skews)
 
 
 # --------------------------------------------------------------------------
