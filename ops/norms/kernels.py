@@ -178,6 +178,28 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
 
 
 @triton.jit
+def _standardize_plain(x, mask, n_cols, eps, CENTERED: tl.constexpr):
+    """_standardize for the forward of 16-bit rows of at most 8192 columns (the plan's `plain`): the plain
+    two-pass form, mean = sum(x) / n (rounded once, exact_div), then the squares of x - mean; no correction
+    and no pivot.
+
+    It is exact where the others were needed.  A 16-bit value has at most 11 significant bits (float16; 8
+    for bfloat16), so k copies of it, k <= 2**13, sum exactly in float32's 24: a row of one value c sums to
+    n c exactly, n c / n rounds to c, x - mean is exactly 0 and y exactly the bias (the case _center's
+    correction and the pivot exist for; an approximate `/` missed c by an ulp, perf-notes version 45).
+    Otherwise the mean is off by a float32 rounding, which moves sum((x - mean)^2) by n times its square:
+    of no consequence next to 16-bit data, whose near-constant rows (all within a few exponents) also sum
+    exactly.  It is Inductor's form with a rounded division, one load and one subtraction an element fewer
+    than the pivot's; with the hidden tile (plan.py) it ran 1.15-1.24x torch.compile at 768-1024 columns,
+    where the pivoted tile ran 0.90-0.97x (H200; perf-notes version 58)."""
+    if CENTERED:
+        mean = exact_div(tl.sum(x, axis=1), n_cols)
+        x = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps)
+    return x * rstd[:, None], rstd
+
+
+@triton.jit
 def _pivots(ptr, rows, n_rows, n_cols, CENTERED: tl.constexpr):
     """Each row's first value, (BLOCK_M, 1) in the compute dtype: _standardize_pivoted's shift (0 for RMS
     norm, which does not shift and loads nothing)."""
@@ -380,13 +402,14 @@ def normalize_rows(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr,
-    PIVOTED: tl.constexpr,
+    PIVOTED: tl.constexpr, PLAIN: tl.constexpr,
 ):  # fmt: skip
     """Short rows: a tile of BLOCK_M whole rows per program, one read and one write.
     AFFINE_FIRST: w and b are loaded beside x, their latency hidden under x's, rather
     than after the reductions (where they wait in the tile's critical path but take
     no registers during the reductions).  PIVOTED: layer norm's rows shifted by their
-    pivots (_standardize_pivoted) rather than centered by _center."""
+    pivots (_standardize_pivoted); PLAIN: their plain two-pass mean (_standardize_plain);
+    neither: centered by _center."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     # int64 rows: row * n_cols passes 2**31 on tensors of 2**31+ elements.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
@@ -396,7 +419,9 @@ def normalize_rows(
     if AFFINE_FIRST:
         w, b = _load_affine(w_ptr, b_ptr, cols, cols < n_cols, HAS_WEIGHT, HAS_BIAS, "evict_last")
     x = _load(x_ptr + offsets, mask)
-    if PIVOTED:
+    if PLAIN:
+        xhat, _ = _standardize_plain(x, mask, n_cols, eps, CENTERED)
+    elif PIVOTED:
         pivot = _pivots(x_ptr, rows, n_rows, n_cols, CENTERED)
         xhat, _ = _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED)
     else:
@@ -757,11 +782,11 @@ def column_sum_kernel(
 def layer_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr, PLAIN: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
         x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, True, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
-        AFFINE_FIRST, PIVOTED,
+        AFFINE_FIRST, PIVOTED, PLAIN,
     )  # fmt: skip
 
 
@@ -834,11 +859,11 @@ def layer_norm_backward_columns_kernel(
 def rms_norm_forward_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr,
+    COL_MULTIPLE: tl.constexpr, AFFINE_FIRST: tl.constexpr, PIVOTED: tl.constexpr, PLAIN: tl.constexpr,
 ):  # fmt: skip
     normalize_rows(
         x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, eps, False, HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, COL_MULTIPLE,
-        AFFINE_FIRST, PIVOTED,
+        AFFINE_FIRST, PIVOTED, PLAIN,
     )  # fmt: skip
 
 

@@ -243,6 +243,22 @@ class Tuning:
     # / 99, 97 / 99 / 97, 98 / 96 / 97.
     tile: ByKind[int] = ByKind(cuda=2048, cpu=1 << 14)
     forward_per_thread: int = 16
+    # 16-bit short rows at hidden sizes instead, in blocks of `hidden_blocks` columns (layer norm, hidden sizes
+    # of 513-4096) or `rms_hidden_blocks` (RMS norm, 513-1024), where hidden_rows rows a program leave at least
+    # hidden_programs_per_sm programs an SM: hidden_rows rows a program, hidden_per_thread elements a thread
+    # (one warp for two rows of 1024).  A program's rows are latency-bound there, and more bytes in flight a
+    # thread beat more threads.  H200, bf16, CUDA-graph times (version 58), layer norm (plain mean), rows a
+    # program x warps: 4095x768 2x1 3.93 us, 1x1 4.37, 2x2 4.39 (compile 4.65); 8191x1024 2x1 6.75, 1x1 6.97,
+    # 2x2 7.40 (compile 7.77); 4095x1280 2x2 6.20, 1x2 6.60, 2x4 6.64; 8191x4096 2x4 34.3, 1x2 34.9.  With fewer
+    # rows (1000x768, 512x2048) one row a program on fewer warps was level or lost 9%: those keep the tile
+    # rule.  RMS norm against the tile rule: 1.02-1.20x at 4095x768, 8191x768 and 4095x1024 (two calls),
+    # 0.99-1.03x at 8191x1024 and 16384x768; at 2048-4096 columns within 3% either way, 0.97x at 8191x4096, so
+    # its wider blocks keep the tile rule.
+    hidden_blocks: tuple[int, ...] = (1024, 2048, 4096)
+    rms_hidden_blocks: tuple[int, ...] = (1024,)
+    hidden_rows: int = 2
+    hidden_programs_per_sm: int = 8
+    hidden_per_thread: int = 64
 
     # The forward loads w and b beside x (AFFINE_FIRST) for blocks of at most this many columns.
     # H100, % of a copy, w and b after the reductions -> beside x, kept in L2: layer_norm
@@ -261,6 +277,15 @@ class Tuning:
     # in float32 for such x, and the correction it replaces cost 15-30% at hidden sizes (version 53).  Wider
     # elements keep _center, whose accuracy the pivot would lose where it is an outlier.
     pivot_element_sizes: tuple[int, ...] = (2,)
+    # Those rows, in short-row tiles of at most plain_max_cols columns, take the plain two-pass mean instead
+    # (kernels.py, _standardize_plain): exact on a constant row there (2**13 16-bit values sum exactly in
+    # float32), and no pivot to load and subtract.  H200, CUDA-graph times against torch.compile, bf16, with
+    # the hidden-size tiles below (version 58): pivoted 0.97 / 0.90 / 0.91 / 1.04 / 0.93x at 4095x768 / 8191x768
+    # / 1000x768 / 4095x1024 / 8191x1024, plain 1.18 / 1.20 / 0.95 / 1.24 / 1.15x.  Their w and b follow the
+    # pivoted rows' rule (pivoted_affine_first_max_block) but on the hidden tile, where they load beside x: there
+    # 1.03-1.05x faster than late at 4095x2560 / 8191x3072 / 8191x4096 / 16384x4096, while one row of 4096 a
+    # program (2000x4096) ran 1.09x faster with them late.
+    plain_max_cols: int = 8192
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
@@ -465,6 +490,7 @@ class ForwardPlan:
     pivoted: bool = False  # SHORT_ROWS: rows shifted by their pivots (Tuning.pivot_element_sizes)
     frame: int = 0  # LONG_ROWS, FRAMED_ROWS: FRAME, rows read from the 16-byte boundary before them (_frame)
     skews: int = 1  # FRAMED_ROWS: SKEWS, rows this far apart start equally far past a boundary (_skews)
+    plain: bool = False  # SHORT_ROWS: layer norm's plain two-pass mean instead of the pivots (Tuning.plain_max_cols)
 
 
 @dataclass(frozen=True)
@@ -536,10 +562,13 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     if frame and fits and _named_by(tuning.framed_tiles, meta):
         return _framed_rows_plan(meta, frame, pivoted, tuning)
     if fits and not _two_sweeps_first(meta, frame, pivoted, tuning):
-        block_m, block_n = _row_tile(meta, tuning)
+        block_m, block_n, per_thread = _row_tile(meta, tuning)
+        plain = pivoted and n_cols <= tuning.plain_max_cols
+        # w and b beside x: on the hidden tile always; else plain rows as pivoted ones (Tuning.plain_max_cols)
+        affine_first = _hidden_tile(meta, tuning) or _affine_first(block_n, pivoted, tuning)
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
-            warps_for(block_m * block_n, tuning.forward_per_thread), _affine_first(block_n, pivoted, tuning), pivoted,
+            warps_for(block_m * block_n, per_thread), affine_first, pivoted and not plain, plain=plain,
         )  # fmt: skip
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(
@@ -686,14 +715,25 @@ def _fits_a_block(limits: ByKind, meta: Meta) -> bool:
     return next_power_of_2(meta.n_cols) <= _register_limit(limits, meta)
 
 
-def _row_tile(meta: Meta, tuning: Tuning) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) for short rows: a whole row across, rows stacked to about `tuning.tile`
-    elements (half that for 16-bit rows on the GPU)."""
+def _row_tile(meta: Meta, tuning: Tuning) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, elements a thread) for short rows: a whole row across, rows stacked to about
+    `tuning.tile` elements (half that for 16-bit rows on the GPU), but for many 16-bit rows at hidden
+    sizes on the GPU (Tuning.hidden_blocks)."""
     block_n = next_power_of_2(meta.n_cols)
+    if _hidden_tile(meta, tuning):
+        return tuning.hidden_rows, block_n, tuning.hidden_per_thread
     tile = _register_limit(tuning.tile, meta)
     if meta.facts.cuda and meta.x_size == 2:
         tile //= 2  # measured, see Tuning.tile
-    return rows_in_tile(meta.n_rows, block_n, tile), block_n
+    return rows_in_tile(meta.n_rows, block_n, tile), block_n, tuning.forward_per_thread
+
+
+def _hidden_tile(meta: Meta, tuning: Tuning) -> bool:
+    """Whether short rows take the hidden-size tile on the GPU: many 16-bit rows in one of the op's
+    hidden blocks (Tuning.hidden_blocks, rms_hidden_blocks)."""
+    blocks = tuning.hidden_blocks if meta.centered else tuning.rms_hidden_blocks
+    many = meta.n_rows >= tuning.hidden_rows * tuning.hidden_programs_per_sm * meta.facts.sm_count
+    return meta.facts.cuda and meta.x_size == 2 and next_power_of_2(meta.n_cols) in blocks and many
 
 
 def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, int]:
@@ -703,7 +743,7 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     than the programs the SMs run, not below min_backward_tile_bytes.  The interpreter: the
     forward's tile, one warp."""
     if not meta.facts.cuda:
-        return (*_row_tile(meta, tuning), 1, tuning.short_row_programs_per_sm)
+        return (*_row_tile(meta, tuning)[:2], 1, tuning.short_row_programs_per_sm)
     n_rows, widest = meta.n_rows, meta.widest
     block_n = next_power_of_2(meta.n_cols)
     tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm

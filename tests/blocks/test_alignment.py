@@ -60,7 +60,7 @@ def _global_accesses(ptx: str) -> list[str]:
 
 _BF16_ROW = {"x_ptr": "bf16", "y_ptr": "bf16", "w_ptr": "bf16", "b_ptr": "bf16", "dy_ptr": "bf16", "dx_ptr": "bf16"}
 _FP32_SCRATCH = {"dw_partial_ptr": "fp32", "db_partial_ptr": "fp32", "stats_ptr": "fp32"}
-_NORM_FORWARD = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": 4, "BLOCK_N": 1024, "AFFINE_FIRST": True, "PIVOTED": True}
+_NORM_FORWARD = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_M": 4, "BLOCK_N": 1024, "AFFINE_FIRST": True, "PIVOTED": True, "PLAIN": False}
 _NORM_BACKWARD = {"HAS_WEIGHT": True, "WEIGHT_GRAD": True, "BIAS_GRAD": True, "BLOCK_M": 4, "BLOCK_N": 1024}
 _CROSS_ENTROPY = {"logits_ptr": "bf16", "target_ptr": "i64", "loss_ptr": "fp32", "lse_ptr": "fp32", "ticket_ptr": "i32"}
 _CROSS_ENTROPY_BACKWARD = {**_CROSS_ENTROPY, "scale_ptr": "fp32", "part_kept_ptr": "i32", "dlogits_ptr": "bf16"}
@@ -74,6 +74,9 @@ ROW_KERNELS = {
     ),
     "layer_norm forward, not pivoted": (
         layer_norm.layer_norm_forward_kernel, _BF16_ROW, {**_NORM_FORWARD, "PIVOTED": False}, 8, 0,
+    ),
+    "layer_norm forward, plain mean": (
+        layer_norm.layer_norm_forward_kernel, _BF16_ROW, {**_NORM_FORWARD, "PIVOTED": False, "PLAIN": True}, 8, 0,
     ),
     "layer_norm backward": (
         layer_norm.layer_norm_backward_kernel, {**_BF16_ROW, **_FP32_SCRATCH}, {**_NORM_BACKWARD, "LOAD_AHEAD": True}, 16, 0,

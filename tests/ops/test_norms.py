@@ -171,7 +171,7 @@ def affine_after_layer_norm(n_cols, eps):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # rows in one block; 70_001: chunks merged
+@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # one block (8192: the plain mean's last); chunks merged
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")  # numpy, 0 * inf
 def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
     """Found by the GPU fuzz: on a constant row x - mean is exactly 0, so y is exactly the bias (0
@@ -211,7 +211,7 @@ def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n_cols", [3, 1000, 70_001])  # rows in one block; 70_001: chunks merged
+@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # one block (8192: the plain mean's last); chunks merged
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")
 def test_layer_norm_of_rows_that_start_with_inf_or_nan(device, dtype, n_cols):
     """Where a row's first element (a 16-bit short row's pivot) is inf, -inf or NaN, that row is NaN in
@@ -663,16 +663,40 @@ def test_the_forward_loads_w_and_b_beside_x_or_after(launched, present):
     assert [kwargs.get("AFFINE_FIRST") for _, _, kwargs in launched] == [True, True, False, False]
 
 
-def test_the_gpu_forward_pivots_16_bit_layer_norms_and_loads_their_w_and_b_beside_x_up_to_2048_columns():
-    """The GPU's rules (Tuning.pivot_element_sizes, pivoted_affine_first_max_block; perf-notes version 53): layer
-    norm's 16-bit rows are shifted by their pivots, and blocks of 4096 columns (hidden sizes 2560 to 4096) load w
-    and b after the reductions, where they ran 9-16% faster; RMS norm and float32 keep the unpivoted rule, 4096."""
-    for n_cols, beside in ((768, True), (2048, True), (2560, False), (4096, False), (8192, False)):
-        plan = choose_forward_plan(h100_meta(4095, n_cols, x_size=2))
-        assert (plan.design, plan.pivoted, plan.affine_first) == ("short_rows", True, beside), n_cols
+def test_the_gpu_forward_centers_16_bit_layer_norms_by_a_plain_mean_up_to_8192_columns_then_by_pivots():
+    """The GPU's rules (Tuning.plain_max_cols, pivot_element_sizes, pivoted_affine_first_max_block; perf-notes
+    versions 53 and 58): layer norm's 16-bit short rows take the plain two-pass mean up to 8192 columns (exact on
+    constant rows there), longer ones are shifted by their pivots; both load w and b after the reductions past
+    2048 columns, but on the hidden tile (many rows of up to 4096: Tuning.hidden_blocks), which loads them beside x;
+    RMS norm and float32 take neither, and load w and b beside x up to 4096."""
+    cases = ((4095, 768, True, True), (4095, 4096, True, True), (2000, 4096, True, False), (4095, 8192, True, False),
+             (4095, 20000, False, False))  # fmt: skip
+    for n_rows, n_cols, plain, beside in cases:
+        plan = choose_forward_plan(h100_meta(n_rows, n_cols, x_size=2))
+        assert (plan.design, plan.plain, plan.pivoted, plan.affine_first) == ("short_rows", plain, not plain, beside)
         for meta in (h100_meta(4095, n_cols, x_size=4), h100_meta(4095, n_cols, x_size=2, centered=False)):
             plan = choose_forward_plan(meta)
-            assert (plan.pivoted, plan.affine_first) == (False, n_cols <= 4096), (n_cols, meta)
+            assert (plan.plain, plan.pivoted, plan.affine_first) == (False, False, n_cols <= 4096), (n_cols, meta)
+    assert not choose_forward_plan(h100_meta(4096, 20000, x_size=2)).plain  # pivoted where a sum could round
+
+
+def test_the_gpu_forward_tiles_at_hidden_sizes():
+    """Many 16-bit short rows in blocks of 1024-4096 columns for layer norm, 1024 for RMS norm (Tuning.hidden_blocks,
+    rms_hidden_blocks; perf-notes version 58): two rows a program at 64 elements a thread where that leaves 8
+    programs an SM (one warp for two rows of 1024); fewer rows, other blocks and float32 keep the tile rule (2048
+    elements, 1024 for 16-bit, 16 a thread)."""
+    tile_rule = {(4095, 1280, 2): (1, 2048, 4), (8191, 4096, 2): (1, 4096, 8)}
+    cases = {
+        (4095, 768, 2): (2, 1024, 1), (4095, 1024, 2): (2, 1024, 1), (1000, 768, 2): (1, 1024, 2),
+        (2111, 768, 2): (1, 1024, 2), (2112, 768, 2): (2, 1024, 1), (4095, 1280, 2): (2, 2048, 2),
+        (8191, 4096, 2): (2, 4096, 4), (512, 2048, 2): (1, 2048, 4), (4095, 512, 2): (2, 512, 2),
+        (4095, 768, 4): (2, 1024, 4),
+    }  # (rows, columns, element size): (BLOCK_M, BLOCK_N, warps); 2112 = 2 rows x 8 programs x 132 SMs
+    for (n_rows, n_cols, size), tile in cases.items():
+        for centered in (True, False):
+            plan = choose_forward_plan(h100_meta(n_rows, n_cols, x_size=size, centered=centered))
+            want = tile if centered else tile_rule.get((n_rows, n_cols, size), tile)
+            assert (plan.design, (plan.block_m, plan.block_n, plan.warps)) == ("short_rows", want), (n_rows, n_cols)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -740,7 +764,7 @@ def test_the_design_rules():
     tiles = [(plan.block_m, plan.block_n) for plan in (choose_forward_plan(h100_meta(1 << 20, n)) for n in (128, 768, 2048, 4100))]
     assert tiles == [(16, 128), (2, 1024), (1, 2048), (1, 8192)]
     tiles = [(plan.block_m, plan.block_n) for plan in (choose_forward_plan(h100_meta(1 << 20, n, 2)) for n in (128, 768, 2048))]
-    assert tiles == [(8, 128), (1, 1024), (1, 2048)]
+    assert tiles == [(8, 128), (2, 1024), (2, 2048)]  # 16-bit hidden sizes: two rows (Tuning.hidden_blocks)
     assert choose_forward_plan(h100_meta(1 << 20, 128, 8)).block_m == 8  # float64: two registers a value
     # Past a block: a row a program, in chunks; float64 rows past half the block.
     assert choose_forward_plan(h100_meta(8, 32768)).design == SHORT_ROWS
@@ -1038,7 +1062,7 @@ def test_the_framed_forward_reads_and_writes_16_bytes_an_access(centered):
         if kernel is kernels.forward_framed:
             constants.update(FRAME=plan.frame, SKEWS=plan.skews)
         else:
-            constants.update(COL_MULTIPLE=1)
+            constants.update(COL_MULTIPLE=1, PLAIN=False)
         signature.update({name: "constexpr" for name in constants})
         aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
         launch = types.SimpleNamespace(warps=plan.warps, registers=255)  # the plan's warps, no register cap
