@@ -190,8 +190,9 @@ def _standardize_plain(x, mask, n_cols, eps, CENTERED: tl.constexpr):
     Otherwise the mean is off by a float32 rounding, which moves sum((x - mean)^2) by n times its square:
     of no consequence next to 16-bit data, whose near-constant rows (all within a few exponents) also sum
     exactly.  It is Inductor's form with a rounded division, one load and one subtraction an element fewer
-    than the pivot's; with the hidden tile (plan.py) it ran 1.15-1.24x torch.compile at 768-1024 columns,
-    where the pivoted tile ran 0.90-0.97x (H200; perf-notes version 58)."""
+    than the pivot's; with the hidden tile (plan.py) it ran 1.15-1.24x torch.compile at 768-1024 columns in a
+    probe on inputs left in L2, where the pivoted tile ran 0.90-0.97x (the harness: 0.98x against 0.86x at
+    4095x768; H200, perf-notes version 58)."""
     if CENTERED:
         mean = exact_div(tl.sum(x, axis=1), n_cols)
         x = tl.where(mask, x - mean[:, None], 0.0)
