@@ -181,23 +181,40 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
 def _standardize_plain(x, mask, n_cols, eps, CENTERED: tl.constexpr):
     """_standardize for the forward of 16-bit rows of at most 8192 columns (the plan's `plain`): the plain
     two-pass form, mean = sum(x) / n (rounded once, exact_div), then the squares of x - mean; no correction
-    and no pivot.
+    and no pivot.  Inductor's form with a rounded division: one load and one subtraction an element fewer
+    than the pivot's (perf-notes version 58).
 
-    It is exact where the others were needed.  A 16-bit value has at most 11 significant bits (float16; 8
-    for bfloat16), so k copies of it, k <= 2**13, sum exactly in float32's 24: a row of one value c sums to
-    n c exactly, n c / n rounds to c, x - mean is exactly 0 and y exactly the bias (the case _center's
-    correction and the pivot exist for; an approximate `/` missed c by an ulp, perf-notes version 45).
-    Otherwise the mean is off by a float32 rounding, which moves sum((x - mean)^2) by n times its square:
-    of no consequence next to 16-bit data, whose near-constant rows (all within a few exponents) also sum
-    exactly.  It is Inductor's form with a rounded division, one load and one subtraction an element fewer
-    than the pivot's; with the hidden tile (plan.py) it ran 1.15-1.24x torch.compile at 768-1024 columns in a
-    probe on inputs left in L2, where the pivoted tile ran 0.90-0.97x (the harness: 0.98x against 0.86x at
-    4095x768; H200, perf-notes version 58)."""
+    Exact on constant rows, the case _center's correction and the pivot exist for.  A 16-bit value has at
+    most 11 significant bits (float16; 8 for bfloat16), so k copies of it, k <= 2**13, sum exactly in
+    float32's 24: a row of one value c sums to n c, n c / n rounds to c, x - mean is exactly 0 and y exactly
+    the bias (an approximate `/` missed c by an ulp, perf-notes version 45).  Where n c passes float32's
+    range (bfloat16 values above 3.4e38 / n) the sum is taken again of x * 2**-16, exact for values that
+    large, and the mean scaled back (_row_means).
+
+    Less accurate than the pivot where a row's mean is far larger than its spread: the mean's one rounding
+    (half an ulp of float32 at the mean) shifts every x - mean, and rstd magnifies it.  On a float16 row of
+    5479 values of 1023.5 and one of 1024 the error is 4.5e-3 of y, where the pivot gave 4e-4 and PyTorch's
+    own float16 layer norm (CPU) 4.7e-3: the accuracy of PyTorch's and Inductor's kernels, not the pivot's."""
     if CENTERED:
-        mean = exact_div(tl.sum(x, axis=1), n_cols)
+        mean = _row_means(x, n_cols)
         x = tl.where(mask, x - mean[:, None], 0.0)
     rstd = _rstd(tl.sum(x * x, axis=1), n_cols, eps)
     return x * rstd[:, None], rstd
+
+
+@triton.jit
+def _row_means(x, n_cols):
+    """sum(x) / n of each row of a tile, rounded once; a row whose sum overflows float32 is summed again as
+    x * 2**-16 (exact for its large values; its small ones add nothing at that scale) and the mean scaled
+    back, so a constant row of huge values still gives its value back.  The second sum runs only in a tile
+    that has such a row."""
+    total = tl.sum(x, axis=1)
+    scale = tl.zeros_like(total) + 1.0
+    overflowed = tl.abs(total) == float("inf")
+    if tl.max(overflowed.to(tl.int32), axis=0) > 0:
+        total = tl.where(overflowed, tl.sum(x * (1.0 / 65536.0), axis=1), total)
+        scale = tl.where(overflowed, 65536.0, scale)
+    return exact_div(total, n_cols) * scale  # (times 1 or 2**16: exact)
 
 
 @triton.jit

@@ -280,8 +280,8 @@ class Tuning:
     pivot_element_sizes: tuple[int, ...] = (2,)
     # Those rows, in short-row tiles of at most plain_max_cols columns, take the plain two-pass mean instead
     # (kernels.py, _standardize_plain): exact on a constant row there (2**13 16-bit values sum exactly in
-    # float32), and no pivot to load and subtract.  H200, CUDA-graph times against torch.compile, bf16, with
-    # the hidden-size tiles below, a probe on inputs left in L2 (version 58; the harness, inputs rotated past
+    # float32), and no pivot to load and subtract; the framed tiles stay pivoted.  H200, CUDA-graph times against
+    # torch.compile, bf16, with the hidden-size tiles above, a probe on inputs left in L2 (version 58; the harness, inputs rotated past
     # L2, has 4095x768 at 0.98x compile, 0.86x before): pivoted 0.97 / 0.90 / 0.91 / 1.04 / 0.93x at 4095x768 / 8191x768
     # / 1000x768 / 4095x1024 / 8191x1024, plain 1.18 / 1.20 / 0.95 / 1.24 / 1.15x.  Their w and b follow the
     # pivoted rows' rule (pivoted_affine_first_max_block) but on the hidden tile, where they load beside x: there

@@ -126,6 +126,16 @@ def test_rows_of_1000_16bit_columns_move_16_bytes_an_access(name):
     assert accesses.count("ld.global.b16") == single_loads, sorted(set(accesses))
 
 
+def test_the_plain_mean_divides_rounded():
+    """Layer norm's plain mean (norms' _standardize_plain) is exact on a constant row only if its division
+    rounds: Triton's float32 `/` is the approximate div.full.f32 on CUDA (perf-notes version 45), and the
+    interpreter divides exactly, so only the PTX can tell.  The mean (of the sum, or of the rescaled sum of a
+    row past float32's range) has one division, rounded; rstd's var / n is the approximate one."""
+    kernel, pointers, constexprs, warps, _ = ROW_KERNELS["layer_norm forward, plain mean"]
+    ptx = _ptx(kernel, pointers, {**constexprs, "COL_MULTIPLE": column_multiple(1000)}, warps)
+    assert set(re.findall(r"div\.[a-z]+\.f32", ptx)) == {"div.rn.f32", "div.full.f32"}
+
+
 def test_without_the_multiple_the_same_rows_move_2_bytes_an_access():
     """What COL_MULTIPLE fixes, so that the test above can tell."""
     kernel, pointers, constexprs, warps, _ = ROW_KERNELS["layer_norm forward"]

@@ -192,6 +192,24 @@ def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy's float32 sum, in the interpreter
+def test_layer_norm_of_huge_constant_bfloat16_rows_is_the_bias(device):
+    """bfloat16 spans float32's range: n copies of a value above 3.4e38 / n overflow the plain mean's float32 sum
+    (_standardize_plain; the review of perf-notes version 58 found NaN rows where PyTorch gives the bias). Such a
+    row is summed again at 2**-16 and still gives exactly the bias, and the tile's other rows are unaffected."""
+    for value, n_cols in ((1e38, 4), (-3e38, 2), (1e35, 4096), (5e34, 8192)):
+        x = torch.full((3, n_cols), value, device=device, dtype=torch.bfloat16)
+        weight, bias = params(n_cols, device, torch.bfloat16)
+        y = torch.ops.tk.layer_norm(x, [n_cols], weight, bias, 1e-5)
+        assert torch.equal(y, bias.expand_as(y)), (value, n_cols)
+    x = torch.randn(4, 64, device=device).to(torch.bfloat16)
+    x[1] = 1e38
+    y = torch.ops.tk.layer_norm(x, [64], None, None, 1e-5)
+    assert torch.equal(y[1], torch.zeros_like(y[1]))
+    assert_close(y[[0, 2, 3]], layer_norm_reference(x[[0, 2, 3]], [64], None, None, 1e-5), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n_cols", [3, 1000])  # rows held whole in a tile (float32: _center's corrected mean)
 def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
     """float32 rows of 1e4 plus noise of std 1e-2, forward and backward within float32's tolerance of
