@@ -564,10 +564,11 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     if frame and fits and _named_by(tuning.framed_tiles, meta):
         return _framed_rows_plan(meta, frame, pivoted, tuning)
     if fits and not _two_sweeps_first(meta, frame, pivoted, tuning):
-        block_m, block_n, per_thread = _row_tile(meta, tuning)
+        hidden = _hidden_tile(meta, tuning)
+        block_m, block_n, per_thread = _row_tile(meta, hidden, tuning)
         plain = pivoted and n_cols <= tuning.plain_max_cols
         # w and b beside x: on the hidden tile always; else plain rows as pivoted ones (Tuning.plain_max_cols)
-        affine_first = _hidden_tile(meta, tuning) or _affine_first(block_n, pivoted, tuning)
+        affine_first = hidden or _affine_first(block_n, pivoted, tuning)
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
             warps_for(block_m * block_n, per_thread), affine_first, pivoted and not plain, plain=plain,
@@ -717,12 +718,12 @@ def _fits_a_block(limits: ByKind, meta: Meta) -> bool:
     return next_power_of_2(meta.n_cols) <= _register_limit(limits, meta)
 
 
-def _row_tile(meta: Meta, tuning: Tuning) -> tuple[int, int, int]:
+def _row_tile(meta: Meta, hidden: bool, tuning: Tuning) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, elements a thread) for short rows: a whole row across, rows stacked to about
-    `tuning.tile` elements (half that for 16-bit rows on the GPU), but for many 16-bit rows at hidden
-    sizes on the GPU (Tuning.hidden_blocks)."""
+    `tuning.tile` elements (half that for 16-bit rows on the GPU), but on the hidden tile (`hidden`:
+    _hidden_tile)."""
     block_n = next_power_of_2(meta.n_cols)
-    if _hidden_tile(meta, tuning):
+    if hidden:
         return tuning.hidden_rows, block_n, tuning.hidden_per_thread
     tile = _register_limit(tuning.tile, meta)
     if meta.facts.cuda and meta.x_size == 2:
@@ -745,7 +746,7 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     than the programs the SMs run, not below min_backward_tile_bytes.  The interpreter: the
     forward's tile, one warp."""
     if not meta.facts.cuda:
-        return (*_row_tile(meta, tuning)[:2], 1, tuning.short_row_programs_per_sm)
+        return (*_row_tile(meta, False, tuning)[:2], 1, tuning.short_row_programs_per_sm)
     n_rows, widest = meta.n_rows, meta.widest
     block_n = next_power_of_2(meta.n_cols)
     tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm
