@@ -250,11 +250,10 @@ class Tuning:
     # thread beat more threads.  H200, bf16, CUDA-graph times of probes on inputs left in L2 (version 58),
     # layer norm (plain mean), rows a program x warps: 4095x768 2x1 3.93 us, 1x1 4.37, 2x2 4.39 (compile
     # 4.65); 8191x1024 2x1 6.75, 1x1 6.97, 2x2 7.40 (compile 7.77); 4095x1280 2x2 6.20, 1x2 6.60, 2x4 6.64;
-    # 8191x4096 2x4 34.3, 1x2 34.9.  With fewer
-    # rows (1000x768, 512x2048) one row a program on fewer warps was level or lost 9%: those keep the tile
-    # rule.  RMS norm against the tile rule: 1.02-1.20x at 4095x768, 8191x768 and 4095x1024 (two calls),
-    # 0.99-1.03x at 8191x1024 and 16384x768; at 2048-4096 columns within 3% either way, 0.97x at 8191x4096, so
-    # its wider blocks keep the tile rule.
+    # 8191x4096 2x4 34.3, 1x2 34.9.  With fewer rows (1000x768, 512x2048) one row a program on fewer warps was
+    # level or lost 9%: those keep the tile rule.  RMS norm against the tile rule: 1.02-1.20x at 4095x768,
+    # 8191x768 and 4095x1024 (two calls), 0.99-1.03x at 8191x1024 and 16384x768; at 2048-4096 columns within
+    # 3% either way, 0.97x at 8191x4096, so its wider blocks keep the tile rule.
     hidden_blocks: tuple[int, ...] = (1024, 2048, 4096)
     rms_hidden_blocks: tuple[int, ...] = (1024,)
     hidden_rows: int = 2
@@ -284,10 +283,9 @@ class Tuning:
     # against torch.compile, bf16, with the hidden-size tiles above, a probe on inputs left in L2 (version 58;
     # the harness, inputs rotated past L2, has 4095x768 at 0.98x compile, 0.86x before): pivoted 0.97 / 0.90 /
     # 0.91 / 1.04 / 0.93x at 4095x768 / 8191x768 / 1000x768 / 4095x1024 / 8191x1024, plain 1.18 / 1.20 / 0.95
-    # / 1.24 / 1.15x.  Their w and b follow the
-    # pivoted rows' rule (pivoted_affine_first_max_block) but on the hidden tile, where they load beside x: there
-    # 1.03-1.05x faster than late at 4095x2560 / 8191x3072 / 8191x4096 / 16384x4096, while one row of 4096 a
-    # program (2000x4096) ran 1.09x faster with them late.
+    # / 1.24 / 1.15x.  Their w and b follow the pivoted rows' rule (pivoted_affine_first_max_block) but on the
+    # hidden tile, where they load beside x: there 1.03-1.05x faster than late at 4095x2560 / 8191x3072 /
+    # 8191x4096 / 16384x4096, while one row of 4096 a program (2000x4096) ran 1.09x faster with them late.
     plain_max_cols: int = 8192
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in

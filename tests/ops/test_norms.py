@@ -171,7 +171,7 @@ def affine_after_layer_norm(n_cols, eps):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # one block (8192: the plain mean's last); chunks merged
+@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # a block (8192: the plain mean's last); chunks
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")  # numpy, 0 * inf
 def test_layer_norm_of_constant_rows_is_the_bias(device, dtype, n_cols):
     """Found by the GPU fuzz: on a constant row x - mean is exactly 0, so y is exactly the bias (0
@@ -229,7 +229,7 @@ def test_layer_norm_of_a_large_offset_is_float32_accurate(device, n_cols):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # one block (8192: the plain mean's last); chunks merged
+@pytest.mark.parametrize("n_cols", [3, 1000, 8192, 70_001])  # a block (8192: the plain mean's last); chunks
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning")
 def test_layer_norm_of_rows_that_start_with_inf_or_nan(device, dtype, n_cols):
     """Where a row's first element (a 16-bit short row's pivot) is inf, -inf or NaN, that row is NaN in
