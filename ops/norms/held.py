@@ -239,9 +239,8 @@ def layer_norm_backward_held_kernel(
 ):  # fmt: skip
     """Layer norm's long rows held on chip across programs, as RMS norm's
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
-    M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments as
-    _merge_comoments merges chunks, so a row whose mean is far from 0 loses nothing
-    to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next.
+    M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments
+    (Chan et al.), so a row whose mean is far from 0 loses nothing to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next.
     FULL: the row is whole segments (see _moments_mask); FRAME: see the module docstring."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)
@@ -295,7 +294,7 @@ def layer_norm_backward_held_kernel(
             # Read this segment again rather than keep it in registers through that loop.
             x_stored, dy_stored, x_edge, dy_edge = _load_segment(dy_ptr, x_ptr, row, n_rows, cols, n_cols, body_end,
                                                                  edges, edge, FRAME)  # fmt: skip
-        # The segments' moments merged (Chan et al., as _merge_comoments, over all segments at once),
+        # The segments' moments merged (Chan et al., over all segments at once),
         # the mean corrected as _center corrects a row's: on a constant row every segment's mean is
         # exact, sum(counts * means) / n need not be, and the correction makes it and the deltas exact.
         mean = exact_div(tl.sum(tl.where(inside, counts * means_x, 0.0), axis=0), n_cols)  # rounded, see _center

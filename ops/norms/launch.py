@@ -142,9 +142,10 @@ def _long_rows_backward(plan: BackwardPlan, kernels: NormKernels, grad, x, w, dx
     w_stride = 0
     if plan.frame and flags["HAS_WEIGHT"]:  # (w stands in for an absent weight: x, never read then)
         w, w_stride = shifted_weights(w, plan.frame)
+    sweep = plan.statistics
     launcher(kernels.backward_stats, grad)[(plan.n_rows,)](
-        grad, x, w, stats, plan.n_cols, eps, w_stride, HAS_WEIGHT=flags["HAS_WEIGHT"], BLOCK_N=plan.block_n,
-        COL_MULTIPLE=plan.col_multiple, FRAME=plan.frame, num_warps=plan.warps,
+        grad, x, w, stats, plan.n_cols, eps, w_stride, HAS_WEIGHT=flags["HAS_WEIGHT"], BLOCK_N=sweep.block_n,
+        COL_MULTIPLE=plan.col_multiple, FRAME=plan.frame, num_warps=sweep.warps,
     )  # fmt: skip
     dw_partial, db_partial = _partials(plan, x, dx, flags)
     launcher(kernels.backward_columns, grad)[plan.grid](

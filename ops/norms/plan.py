@@ -32,13 +32,14 @@ Forward, three designs, by row length and alignment:
 * LONG_ROWS: one program per row, two sweeps over BLOCK_N-column chunks.
   The first gathers the statistics, the second writes y (its reads mostly
   hit L2, which has just seen the row).  Mean and variance come out of the
-  single first sweep by merging per-chunk moments (Chan et al.): with each
-  chunk's mean and M2 = sum((x - mean)^2),
+  single first sweep as sums about a pivot p, the first chunk's mean: each
+  lane sums d = x - p and d^2 over the sweep, the program reduces its lanes
+  once at the end, and with mean d = sum d / n
 
-      delta = mean_b - mean_a,   n = n_a + n_b,   mean = mean_a + delta * n_b / n
-      M2 = M2_a + M2_b + delta^2 * n_a * n_b / n
+      mean = p + mean d,   M2 = sum d^2 - mean d * sum d
 
-  which, unlike sum(x^2) / N - mean^2, does not cancel when |mean| >> std.
+  which, unlike sum(x^2) - n mean^2, does not cancel when |mean| >> std (a
+  chunk's mean is near its row's), and is exactly 0 on a constant row.
 
 Backward, three designs, by row length:
 
@@ -59,8 +60,8 @@ Backward, three designs, by row length:
   Tuning.held_short_rows are held though they fit a tile.
 * LONG_ROWS: neither a row nor its dw accumulator fits in registers.  A
   first kernel sweeps each row once for mean, rstd, mean(g) and
-  mean(g * xhat) (merged chunk by chunk as above, the last through the
-  co-moment of x and g); a second runs over a (row group, column chunk)
+  mean(g * xhat) (sums about the pivot as above, the last through
+  sum(d g) - mean d * sum g); a second runs over a (row group, column chunk)
   grid, writes dx for its chunk of each row of its group and accumulates
   that chunk of dw/db in registers into the scratch; then the same column
   sum.  x and dy are read twice, the price of rows longer than a block.
@@ -292,6 +293,20 @@ class Tuning:
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
     chunk: ByKind[int] = ByKind(cuda=4096, cpu=1 << 14)
     long_row_backward_per_thread: int = 8
+    # The long rows' statistics sweeps keep per-lane sums (kernels.py, _pivoted_sums), no reduction across
+    # warps a chunk, so fewer warps with more bytes in flight each win there.  H200, profiler device
+    # times, version 59 (stats sweep, us; chunk / elements a thread -> warps): bf16 layer norm 4096x50257
+    # 2048/8 (8 warps) 218, 4096/16 (8) 247, 4096/8 (16) 346; 2048x100003 213 / 232 / 317; float32
+    # 4096x50257 437 / 422 / 542; RMS norm bf16 2048x100003 217 / 234 / 213.  The columns pass keeps
+    # chunks of 4096 on 16 warps (2048 columns: 431 against 401 us at bf16 4096x50257).  So the backward's
+    # statistics sweep takes chunks of at most statistics_chunk (the columns pass's `chunk` where that is
+    # smaller: the tests' small tunings), statistics_per_thread elements a thread.  The forward's long
+    # rows, one kernel for both sweeps, took 16 warps on chunks of 4096 best: bf16 layer norm 4096x50257
+    # 383 us against 437 on 8 warps (16 a thread) and 382 on 8192 columns; 4096x50264 324 / 352 / 391;
+    # float32 4096x50257 652 / 665 / 662; RMS norm 4096x50257 312 / 340 / 388, 4096x50264 303 / 313 / 300.
+    statistics_chunk: ByKind[int] = ByKind(cuda=2048, cpu=1 << 14)
+    statistics_per_thread: int = 8
+    long_row_forward_per_thread: int = 8
     # The long-row backward's (row group, chunk) programs on the GPU: about this many an SM,
     # spread over the chunks (the interpreter's: cpu_programs).
     programs_per_sm: int = 2
@@ -530,10 +545,18 @@ class ColumnSumPlan:
 
 
 @dataclass(frozen=True)
+class SweepLaunch:
+    """The long-row backward's statistics sweep: a program a row, BLOCK_N columns a step on `warps` warps."""
+
+    block_n: int
+    warps: int
+
+
+@dataclass(frozen=True)
 class BackwardPlan:
     """How a backward runs: `design` on `grid`, its dw/db scratch of `partial_rows` rows, then the
     column sum.  SHORT_ROWS: tiles of BLOCK_M rows by BLOCK_N columns; LONG_ROWS: BLOCK_N is the
-    chunk, the statistics sweep a program a row; HELD_ROWS: `held`."""
+    columns pass's chunk, the statistics sweep a program a row (`statistics`); HELD_ROWS: `held`."""
 
     centered: bool
     design: str
@@ -549,6 +572,7 @@ class BackwardPlan:
     frame: int = 0  # LONG_ROWS: rows off 16-byte boundaries read in frames of `frame`-element runs (0: not framed)
     held: Optional[HeldRowsPlan] = None
     column_sum: Optional[ColumnSumPlan] = None
+    statistics: Optional[SweepLaunch] = None  # LONG_ROWS: the statistics sweep's launch (block_n, warps: the columns')
 
 
 def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
@@ -575,7 +599,7 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(
         meta.centered, LONG_ROWS, n_rows, n_cols, col_multiple, (n_rows,), 1, chunk,
-        warps_for(chunk, tuning.forward_per_thread), frame=frame,
+        warps_for(chunk, tuning.long_row_forward_per_thread), frame=frame,
     )  # fmt: skip
 
 
@@ -619,9 +643,12 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
     # About as many programs as the short-row design, spread over the chunks.
     target = _target_programs(meta, tuning, tuning.programs_per_sm)
     n_groups = _row_groups(meta, cdiv(target, n_chunks), target, frame, tuning)
+    statistics_chunk = min(chunk, tuning.statistics_chunk[kind])
     return BackwardPlan(
         design=LONG_ROWS, grid=(n_groups, n_chunks), partial_rows=n_groups, block_n=chunk, frame=frame,
-        warps=warps_for(chunk, per_thread=tuning.long_row_backward_per_thread), **common,
+        warps=warps_for(chunk, per_thread=tuning.long_row_backward_per_thread),
+        statistics=SweepLaunch(statistics_chunk, warps_for(statistics_chunk, tuning.statistics_per_thread)),
+        **common,
     )  # fmt: skip
 
 

@@ -746,6 +746,35 @@ def test_long_rows_gradcheck(launched):
     assert {"layer_norm_backward_columns_kernel", "rms_norm_backward_columns_kernel"} <= names
 
 
+def test_long_rows_whose_first_chunk_is_far_from_their_mean(launched):
+    """The two sweeps' statistics are sums about a pivot, the row's first chunk's mean (_pivoted_moments).
+    Where that chunk is unlike the rest (here 1000 standard deviations off, and a row of spread 1e-3 whose
+    first chunk is 1000 of them off), M2 = sum d^2 - mean d * sum d cancels, and the row is swept again
+    about its mean.  float32 against float64, forward and backward: about 1e-7 here, where the sums
+    about the first chunk alone gave 3e-5 (y), 4.6e-5 (dx) and 2.6e-5 (dw)."""
+    torch.manual_seed(0)
+    n_cols = 4000  # 250 of SMALL's chunks of 16
+    x = torch.randn(3, n_cols, dtype=torch.float64)
+    x[0, :16] += 1000.0
+    x[1] = 3.0 + 1e-3 * torch.randn(n_cols, dtype=torch.float64)
+    x[1, :16] += 1.0
+    w, b = torch.randn(n_cols, dtype=torch.float64), torch.randn(n_cols, dtype=torch.float64)
+    x64, w64, b64 = (t.clone().requires_grad_() for t in (x, w, b))
+    expected = F.layer_norm(x64, [n_cols], w64, b64, EPS["layer_norm"])
+    dy = torch.randn_like(expected)
+    expected.backward(dy)
+    x32, w32, b32 = (t.float().requires_grad_() for t in (x, w, b))
+    y = tuned("layer_norm", SMALL)(x32, w32, b32)
+    y.backward(dy.float())
+    names = {name for name, *_ in launched}
+    assert {"layer_norm_forward_long_rows_kernel", "layer_norm_backward_stats_kernel"} <= names, names
+    for row in range(3):
+        assert rel_error(y[row], expected[row]) < 2e-6, row
+        assert rel_error(x32.grad[row], x64.grad[row]) < 2e-6, row
+    assert rel_error(w32.grad, w64.grad) < 2e-6
+    assert rel_error(b32.grad, b64.grad) < 2e-6
+
+
 def h100_meta(n_rows, n_cols, x_size=4, grad_size=None, centered=True, **facts):
     """A call on the H100 the plans were measured on (`facts`: fields of it changed)."""
     grad_size = x_size if grad_size is None else grad_size
@@ -778,6 +807,14 @@ def test_the_design_rules():
     assert choose_backward_plan(h100_meta(1 << 20, 1024)).grid == (132,)
     plan = choose_backward_plan(h100_meta(1 << 20, 16384), two_sweeps)
     assert plan.design == LONG_ROWS and plan.grid == (66, 4)
+    # the two sweeps' statistics: per-lane sums on 8 warps over chunks of 2048 (Tuning.statistics_chunk); the
+    # columns pass on 16 warps over chunks of 4096; a tuning of smaller chunks shrinks both
+    assert (plan.block_n, plan.warps, plan.statistics.block_n, plan.statistics.warps) == (4096, 16, 2048, 8)
+    small = choose_backward_plan(h100_meta(4096, 50257, 2), dataclasses.replace(two_sweeps, chunk=ByKind(1024, 16)))
+    assert (small.block_n, small.statistics.block_n, small.statistics.warps) == (1024, 1024, 4)
+    assert choose_backward_plan(h100_meta(1 << 20, 1024)).statistics is None  # the other designs have none
+    long_forward = choose_forward_plan(h100_meta(4096, 50257, 2))
+    assert (long_forward.design, long_forward.block_n, long_forward.warps) == (LONG_ROWS, 4096, 16)
     # The forward's tile: 2048 elements, 1024 of 16-bit rows (measured, see Tuning.tile); longer rows alone.
     tiles = [(plan.block_m, plan.block_n) for plan in (choose_forward_plan(h100_meta(1 << 20, n)) for n in (128, 768, 2048, 4100))]
     assert tiles == [(16, 128), (2, 1024), (1, 2048), (1, 8192)]
@@ -1117,12 +1154,35 @@ def test_the_framed_two_sweeps_backward_reads_and_writes_16_bytes_an_access(cent
             ptx = build_for_hopper(ASTSource(kernel, signature, constants, aligned), launch).asm["ptx"]
             accesses[frame, kernel] = re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)*", ptx)
     # the statistics sweep's x, dy and w, each 16 bytes an access (w_stride is no multiple of 16 here, as at 50265
-    # bf16 columns: the kernel tells the compiler that the shifted copies' rows are whole runs)
-    assert accesses[8, kernels.backward_stats].count("ld.global.v4.b32") == 3, accesses[8, kernels.backward_stats]
+    # bf16 columns: the kernel tells the compiler that the shifted copies' rows are whole runs); layer norm's
+    # sweep is built twice, the second for rows swept again about their mean (_pivoted_moments)
+    sweeps = 2 if centered else 1
+    assert accesses[8, kernels.backward_stats].count("ld.global.v4.b32") == 3 * sweeps, accesses[8, kernels.backward_stats]
     for kernel in (kernels.backward_stats, kernels.backward_columns):
         assert "ld.global.v4.b32" in accesses[8, kernel], accesses[8, kernel]
         assert not any(".v4" in access or ".v2" in access for access in accesses[0, kernel]), accesses[0, kernel]
     assert "st.global.v4.b32" in accesses[8, kernels.backward_columns]  # dx
+
+
+@pytest.mark.parametrize("centered", [False, True], ids=["rms_norm", "layer_norm"])
+def test_the_long_row_sweeps_build_for_hopper(centered):
+    """Built for sm_90 (no GPU needed): the statistics sweeps of the long rows, forward and backward, framed
+    and not.  The interpreter does not check that a loop keeps its variables' types; the GPU's compiler
+    does (a loop reassigning a name the sums had bound, as float32, to an int32 count failed only there)."""
+    from triton.compiler import ASTSource
+
+    kernels = norm_launch.KERNELS[centered]
+    for kernel, constants in [
+        (kernels.forward_long_rows, dict(HAS_WEIGHT=True, HAS_BIAS=centered, BLOCK_M=1, BLOCK_N=4096, COL_MULTIPLE=1)),
+        (kernels.backward_stats, dict(HAS_WEIGHT=True, BLOCK_N=4096, COL_MULTIPLE=1)),
+    ]:
+        for frame in (0, 8):
+            signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+            signature.update({name: kind for name, kind in {"stats_ptr": "*fp32", "eps": "fp32"}.items() if name in signature})
+            built = dict(constants, FRAME=frame)
+            signature.update({name: "constexpr" for name in built})
+            ptx = build_for_hopper(ASTSource(kernel, signature, built), types.SimpleNamespace(warps=16, registers=255))
+            assert "ld.global" in ptx.asm["ptx"], (kernel, frame)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
