@@ -328,7 +328,10 @@ def _pivoted_moments(x_ptr, dy_ptr, w_ptr, first_places, first_mask, first_count
             mean_d = exact_div(sum_d, n_cols)
         mean_x = pivot + mean_d
         mean_g = exact_div(sum_g, n_cols)
-        m2 = tl.maximum(sum_dd - mean_d * sum_d, 0.0)  # (rounding may leave a spread of ~0 below 0)
+        m2 = sum_dd - mean_d * sum_d
+        # Rounding may leave a spread of ~0 below 0.  (tl.where, not tl.maximum, whose max.f32 would turn the
+        # NaN of a row holding an infinity into 0 and its y into infinities where PyTorch gives NaN.)
+        m2 = tl.where(m2 < 0.0, 0.0, m2)
         comoment = sum_dg - mean_d * sum_g
     return mean_x, mean_g, m2, comoment
 

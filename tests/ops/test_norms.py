@@ -775,6 +775,22 @@ def test_long_rows_whose_first_chunk_is_far_from_their_mean(launched):
     assert rel_error(b32.grad, b64.grad) < 2e-6
 
 
+def test_long_rows_holding_an_infinity_are_nan_as_in_pytorch(launched):
+    """A long row holding inf, -inf or NaN (not in its first chunk, or in it): PyTorch's y and dx are NaN across
+    the row.  The sums about the pivot give M2 = inf - inf = NaN there, which a clamp by tl.maximum (max.f32
+    returns the number of a number and a NaN) turned into 0, and y into infinities (the fuzz found it)."""
+    x = torch.randn(4, 100)
+    x[0, 50], x[1, 3], x[2, 70], x[3, 90] = float("inf"), float("-inf"), float("nan"), 1.0
+    w, b = torch.randn(100), torch.randn(100)
+    x_in = x.clone().requires_grad_()
+    y = tuned("layer_norm", SMALL)(x_in, w, b)
+    y.backward(torch.ones_like(y))
+    assert "layer_norm_forward_long_rows_kernel" in {name for name, *_ in launched}
+    assert y[:3].isnan().all() and x_in.grad[:3].isnan().all()
+    expected = F.layer_norm(x[3:].double(), [100], w.double(), b.double(), EPS["layer_norm"])
+    assert rel_error(y[3:], expected) < 1e-6  # the finite row beside them
+
+
 def h100_meta(n_rows, n_cols, x_size=4, grad_size=None, centered=True, **facts):
     """A call on the H100 the plans were measured on (`facts`: fields of it changed)."""
     grad_size = x_size if grad_size is None else grad_size
