@@ -240,7 +240,8 @@ def layer_norm_backward_held_kernel(
     """Layer norm's long rows held on chip across programs, as RMS norm's
     (rms_norm_backward_held_kernel), with a partial of two words a segment: (mean x,
     M2 of x) and (mean g, sum((x - mean x) * g)), merged over the row's segments
-    (Chan et al.), so a row whose mean is far from 0 loses nothing to cancellation.  Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next.
+    (Chan et al.), so a row whose mean is far from 0 loses nothing to cancellation.
+    Words of row r's segment s: r * 2 * n_segments + 2 * s, and the next.
     FULL: the row is whole segments (see _moments_mask); FRAME: see the module docstring."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     segment, cols, first_row = program_segment(n_segments, SEGMENT)

@@ -32,14 +32,17 @@ Forward, three designs, by row length and alignment:
 * LONG_ROWS: one program per row, two sweeps over BLOCK_N-column chunks.
   The first gathers the statistics, the second writes y (its reads mostly
   hit L2, which has just seen the row).  Mean and variance come out of the
-  single first sweep as sums about a pivot p, the first chunk's mean: each
-  lane sums d = x - p and d^2 over the sweep, the program reduces its lanes
+  first sweep as sums about a pivot p, the first chunk's mean: each lane
+  sums d = x - p and d^2 over the sweep, the program reduces its lanes
   once at the end, and with mean d = sum d / n
 
       mean = p + mean d,   M2 = sum d^2 - mean d * sum d
 
-  which, unlike sum(x^2) - n mean^2, does not cancel when |mean| >> std (a
-  chunk's mean is near its row's), and is exactly 0 on a constant row.
+  which, unlike sum(x^2) - n mean^2, does not cancel when |mean| >> std,
+  and is exactly 0 on a constant row.  It cancels where p is far from the
+  row's mean next to its spread (a first chunk unlike the rest): where M2
+  comes out below 1/16 of sum d^2, or NaN (the sums overflowed), the row
+  is swept once more about the mean found (kernels.py, _pivoted_moments).
 
 Backward, three designs, by row length:
 

@@ -775,6 +775,29 @@ def test_long_rows_whose_first_chunk_is_far_from_their_mean(launched):
     assert rel_error(b32.grad, b64.grad) < 2e-6
 
 
+def test_long_rows_whose_sums_about_the_pivot_overflow(launched):
+    """float32 rows of spread 1e16 whose first chunk is 1e18 off: M2 (1.5e37) fits float32, the sums about the
+    pivot (3.8e38) do not, and M2 = inf - inf is NaN.  A NaN M2 sweeps the row again about its mean (as a small
+    one does): y, dx and dw within float32's rounding of float64 (a comparison that a NaN fails gave y off
+    by 4e19 and dx NaN)."""
+    torch.manual_seed(0)
+    n_cols = 400
+    x = 1e16 * torch.randn(2, n_cols, dtype=torch.float64)
+    x[:, :16] += 1e18
+    w, b = torch.randn(n_cols, dtype=torch.float64), torch.randn(n_cols, dtype=torch.float64)
+    x64, w64, b64 = (t.clone().requires_grad_() for t in (x, w, b))
+    expected = F.layer_norm(x64, [n_cols], w64, b64, EPS["layer_norm"])
+    dy = torch.randn_like(expected)
+    expected.backward(dy)
+    x32, w32, b32 = (t.float().requires_grad_() for t in (x, w, b))
+    y = tuned("layer_norm", SMALL)(x32, w32, b32)
+    y.backward(dy.float())
+    assert {"layer_norm_forward_long_rows_kernel", "layer_norm_backward_stats_kernel"} <= {n for n, *_ in launched}
+    assert rel_error(y, expected) < 1e-6
+    assert rel_error(x32.grad, x64.grad) < 1e-6
+    assert rel_error(w32.grad, w64.grad) < 1e-6
+
+
 def test_long_rows_holding_an_infinity_are_nan_as_in_pytorch(launched):
     """A long row holding inf, -inf or NaN (not in its first chunk, or in it): PyTorch's y and dx are NaN across
     the row.  The sums about the pivot give M2 = inf - inf = NaN there, which a clamp by tl.maximum (max.f32
