@@ -162,7 +162,7 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
     critical path, and at hidden sizes, where a program's row is latency-bound,
     that took 15-30% of the forward (perf-notes, version 53).
 
-    Taken for 16-bit x only (the plan's `pivoted`): there x - pivot is exact in
+    Taken for 16-bit x only (the plan's PIVOT_MEAN): there x - pivot is exact in
     float32 unless the two are 2**13 (float16) or 2**16 (bfloat16) apart in
     magnitude.  A float32 x - pivot rounds at the pivot's scale, an error of up to
     eps |pivot - mean| / std in xhat, eps sqrt(n) where the pivot is an outlier
@@ -179,7 +179,7 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
 
 @triton.jit
 def _standardize_plain(x, mask, n_cols, eps, CENTERED: tl.constexpr):
-    """_standardize for the forward of 16-bit rows of at most 8192 columns (the plan's `plain`): the plain
+    """_standardize for the forward of 16-bit rows of at most 8192 columns (the plan's PLAIN_MEAN): the plain
     two-pass form, mean = sum(x) / n (rounded once, exact_div), then the squares of x - mean; no correction
     and no pivot.  Inductor's form with a rounded division: one load and one subtraction an element fewer
     than the pivot's (perf-notes version 58).

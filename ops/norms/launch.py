@@ -30,7 +30,9 @@ from .kernels import (
     rms_norm_forward_kernel,
     rms_norm_forward_long_rows_kernel,
 )
-from .plan import FRAMED_ROWS, HELD_ROWS, LONG_ROWS, NO_ROWS, SHORT_ROWS, BackwardPlan, ForwardPlan
+from .plan import (
+    FRAMED_ROWS, HELD_ROWS, LONG_ROWS, NO_ROWS, PIVOT_MEAN, PLAIN_MEAN, SHORT_ROWS, BackwardPlan, ForwardPlan,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,12 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
     if plan.design == SHORT_ROWS:
         launcher(kernels.forward, x)[plan.grid](
             *args, **flags, COL_MULTIPLE=plan.col_multiple, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-            AFFINE_FIRST=plan.affine_first, PIVOTED=plan.pivoted, PLAIN=plan.plain, num_warps=plan.warps,
+            AFFINE_FIRST=plan.affine_first, PIVOTED=plan.mean == PIVOT_MEAN, PLAIN=plan.mean == PLAIN_MEAN, num_warps=plan.warps,
         )  # fmt: skip
     elif plan.design == FRAMED_ROWS:  # the frame, not COL_MULTIPLE, tells the kernel its runs
         launcher(kernels.forward_framed, x)[plan.grid](
             *args, **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, AFFINE_FIRST=plan.affine_first,
-            PIVOTED=plan.pivoted, FRAME=plan.frame, SKEWS=plan.skews, num_warps=plan.warps,
+            PIVOTED=plan.mean == PIVOT_MEAN, FRAME=plan.frame, SKEWS=plan.skews, num_warps=plan.warps,
         )  # fmt: skip
     else:
         launcher(kernels.forward_long_rows, x)[plan.grid](

@@ -109,6 +109,11 @@ FRAMED_ROWS = "framed_rows"  # forward: short rows off 16-byte boundaries, a til
 LONG_ROWS = "long_rows"
 HELD_ROWS = "held_rows"
 
+# How layer norm's forward tiles find their rows' means (ForwardPlan.mean; RMS norm takes none).
+CORRECTED_MEAN = "corrected"  # sum(x) / n, then the sum of x - mean taken out (kernels.py, _center): float32, float64
+PIVOT_MEAN = "pivot"  # each row shifted by its first value first (_standardize_pivoted): 16-bit x
+PLAIN_MEAN = "plain"  # sum(x) / n rounded once (_standardize_plain): 16-bit rows of at most plain_max_cols columns
+
 
 
 @dataclass(frozen=True)
@@ -506,10 +511,9 @@ class ForwardPlan:
     block_n: int = 0
     warps: int = 1
     affine_first: bool = False  # SHORT_ROWS: w and b loaded beside x
-    pivoted: bool = False  # SHORT_ROWS: rows shifted by their pivots (Tuning.pivot_element_sizes)
     frame: int = 0  # LONG_ROWS, FRAMED_ROWS: FRAME, rows read from the 16-byte boundary before them (_frame)
     skews: int = 1  # FRAMED_ROWS: SKEWS, rows this far apart start equally far past a boundary (_skews)
-    plain: bool = False  # SHORT_ROWS: layer norm's plain two-pass mean instead of the pivots (Tuning.plain_max_cols)
+    mean: str = CORRECTED_MEAN  # SHORT_ROWS, FRAMED_ROWS: how the rows' means are found (*_MEAN above)
 
 
 @dataclass(frozen=True)
@@ -592,12 +596,11 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     if fits and not _two_sweeps_first(meta, frame, pivoted, tuning):
         hidden = _hidden_tile(meta, tuning)
         block_m, block_n, per_thread = _row_tile(meta, hidden, tuning)
-        plain = pivoted and n_cols <= tuning.plain_max_cols
         # w and b beside x: on the hidden tile always; else plain rows as pivoted ones (Tuning.plain_max_cols)
         affine_first = hidden or _affine_first(block_n, pivoted, tuning)
         return ForwardPlan(
             meta.centered, SHORT_ROWS, n_rows, n_cols, col_multiple, (cdiv(n_rows, block_m),), block_m, block_n,
-            warps_for(block_m * block_n, per_thread), affine_first, pivoted and not plain, plain=plain,
+            warps_for(block_m * block_n, per_thread), affine_first, mean=_tile_mean(pivoted, n_cols, tuning),
         )  # fmt: skip
     chunk = tuning.chunk[meta.facts.kind]
     return ForwardPlan(
@@ -714,8 +717,16 @@ def _framed_rows_plan(meta: Meta, frame: int, pivoted: bool, tuning: Tuning) -> 
     return ForwardPlan(
         meta.centered, FRAMED_ROWS, meta.n_rows, meta.n_cols, column_multiple(meta.n_cols),
         (skews * cdiv(class_rows, block_m),), block_m, block_n, warps_for(block_m * block_n, tuning.framed_per_thread),
-        _affine_first(block_n, pivoted, tuning), pivoted, frame, skews,
+        _affine_first(block_n, pivoted, tuning), frame, skews, PIVOT_MEAN if pivoted else CORRECTED_MEAN,
     )  # fmt: skip
+
+
+def _tile_mean(pivoted: bool, n_cols: int, tuning: Tuning) -> str:
+    """How a short-row tile finds its rows' means: 16-bit layer norm rows (`pivoted`) by the plain mean up to
+    plain_max_cols columns, by their pivots past it; the others by the corrected mean (see Tuning)."""
+    if not pivoted:
+        return CORRECTED_MEAN
+    return PLAIN_MEAN if n_cols <= tuning.plain_max_cols else PIVOT_MEAN
 
 
 def _affine_first(block_n: int, pivoted: bool, tuning: Tuning) -> bool:

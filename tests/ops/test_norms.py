@@ -32,10 +32,13 @@ from ops.blocks.alignment import frame_run
 from ops.blocks.held_rows import can_overlap_fill
 from ops.norms import launch as norm_launch, layer_norm as layer_norm_entry, rms_norm as rms_norm_entry
 from ops.norms.plan import (
+    CORRECTED_MEAN,
     FRAMED_ROWS,
     HELD_ROWS,
     LONG_ROWS,
     NO_ROWS,
+    PIVOT_MEAN,
+    PLAIN_MEAN,
     SHORT_ROWS,
     TUNING,
     ByKind,
@@ -691,11 +694,11 @@ def test_the_gpu_forward_centers_16_bit_layer_norms_by_a_plain_mean_up_to_8192_c
              (4095, 20000, False, False))  # fmt: skip
     for n_rows, n_cols, plain, beside in cases:
         plan = choose_forward_plan(h100_meta(n_rows, n_cols, x_size=2))
-        assert (plan.design, plan.plain, plan.pivoted, plan.affine_first) == ("short_rows", plain, not plain, beside)
+        assert (plan.design, plan.mean, plan.affine_first) == ("short_rows", PLAIN_MEAN if plain else PIVOT_MEAN, beside)
         for meta in (h100_meta(4095, n_cols, x_size=4), h100_meta(4095, n_cols, x_size=2, centered=False)):
             plan = choose_forward_plan(meta)
-            assert (plan.plain, plan.pivoted, plan.affine_first) == (False, False, n_cols <= 4096), (n_cols, meta)
-    assert not choose_forward_plan(h100_meta(4096, 20000, x_size=2)).plain  # pivoted where a sum could round
+            assert (plan.mean, plan.affine_first) == (CORRECTED_MEAN, n_cols <= 4096), (n_cols, meta)
+    assert choose_forward_plan(h100_meta(4096, 20000, x_size=2)).mean == PIVOT_MEAN  # where a sum could round
 
 
 def test_the_gpu_forward_tiles_at_hidden_sizes():
@@ -1065,7 +1068,7 @@ def test_odd_rows_named_by_a_rule_take_a_framed_tile():
     # the tile: rows of one skew (8 rows apart for 1001 bf16 columns, 4 for 4095 float32 and 1002 bf16)
     framed = plan(True, 1001, 2)
     assert (framed.frame, framed.skews, framed.block_m, framed.block_n, framed.warps) == (8, 8, 4, 1024, 4)
-    assert framed.grid == (8 * 128,) and framed.pivoted and framed.affine_first
+    assert framed.grid == (8 * 128,) and framed.mean == PIVOT_MEAN and framed.affine_first
     assert (plan(True, 4095, 4).frame, plan(True, 4095, 4).skews) == (4, 4)
     assert (plan(False, 1002, 2).frame, plan(False, 1002, 2).skews) == (8, 4)
     assert plan(False, 7001, 2).block_m == 1 and plan(False, 7001, 2).warps == 8
@@ -1148,7 +1151,7 @@ def test_the_framed_forward_reads_and_writes_16_bytes_an_access(centered):
         signature = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
         signature["eps"] = "fp32"
         constants = dict(HAS_WEIGHT=True, HAS_BIAS=centered, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-                         AFFINE_FIRST=True, PIVOTED=plan.pivoted)  # fmt: skip
+                         AFFINE_FIRST=True, PIVOTED=plan.mean == PIVOT_MEAN)  # fmt: skip
         if kernel is kernels.forward_framed:
             constants.update(FRAME=plan.frame, SKEWS=plan.skews)
         else:
