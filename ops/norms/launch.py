@@ -82,7 +82,8 @@ def run_forward(plan: ForwardPlan, x, weight, bias, eps: float, dtype: torch.dty
     if plan.design == SHORT_ROWS:
         launcher(kernels.forward, x)[plan.grid](
             *args, **flags, COL_MULTIPLE=plan.col_multiple, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
-            AFFINE_FIRST=plan.affine_first, PIVOTED=plan.mean == PIVOT_MEAN, PLAIN=plan.mean == PLAIN_MEAN, num_warps=plan.warps,
+            AFFINE_FIRST=plan.affine_first, PIVOTED=plan.mean == PIVOT_MEAN, PLAIN=plan.mean == PLAIN_MEAN,
+            num_warps=plan.warps,
         )  # fmt: skip
     elif plan.design == FRAMED_ROWS:  # the frame, not COL_MULTIPLE, tells the kernel its runs
         launcher(kernels.forward_framed, x)[plan.grid](

@@ -115,7 +115,6 @@ PIVOT_MEAN = "pivot"  # each row shifted by its first value first (_standardize_
 PLAIN_MEAN = "plain"  # sum(x) / n rounded once (_standardize_plain): 16-bit rows of at most plain_max_cols columns
 
 
-
 @dataclass(frozen=True)
 class HeldNormSetup(HeldSetup):
     """A setup of a norm's held backward: HeldSetup's fields, and the rows its kernel loads ahead
