@@ -271,7 +271,7 @@ def _load_g(dy_ptr, w_ptr, cols, mask, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _row_sums(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, GRAD: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _row_moments(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, GRAD: tl.constexpr, HAS_WEIGHT: tl.constexpr,
               BLOCK_N: tl.constexpr):  # fmt: skip
     """_pivoted_moments of the row at x_ptr (and dy_ptr): its first chunk, then the others."""
     cols, mask, count = _chunk_at(0, n_cols, BLOCK_N)
@@ -280,9 +280,9 @@ def _row_sums(x_ptr, dy_ptr, w_ptr, n_cols, CENTERED: tl.constexpr, GRAD: tl.con
 
 
 @triton.jit
-def _framed_row_sums(x_ptr, dy_ptr, w_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr, GRAD: tl.constexpr,
+def _framed_row_moments(x_ptr, dy_ptr, w_ptr, skew, body_end, n_cols, CENTERED: tl.constexpr, GRAD: tl.constexpr,
                      HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, FRAME: tl.constexpr):  # fmt: skip
-    """_row_sums of the framed row whose frame starts at x_ptr (and dy_ptr; w_ptr the copy of w shifted by
+    """_row_moments of the framed row whose frame starts at x_ptr (and dy_ptr; w_ptr the copy of w shifted by
     the row's skew, place p: column p - skew): the two partial runs first (they hold the row's first
     element, so they count at least one), then the whole runs chunk by chunk."""
     edges, in_row = frame_edges(skew, body_end, n_cols, FRAME)
@@ -442,7 +442,8 @@ def normalize_long_rows(
         _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTERED, HAS_WEIGHT, HAS_BIAS,
                               BLOCK_N, FRAME)  # fmt: skip
     else:
-        mean, _mean_g, m2, _comoment = _row_sums(x_ptr + start, x_ptr, x_ptr, n_cols, CENTERED, False, False, BLOCK_N)
+        mean, _mean_g, m2, _comoment = _row_moments(x_ptr + start, x_ptr, x_ptr, n_cols, CENTERED, False, False,
+                                                    BLOCK_N)  # fmt: skip
         rstd = _rstd(m2, n_cols, eps)
         for first in range(0, n_cols, BLOCK_N):
             cols, mask, _ = _chunk_at(first, n_cols, BLOCK_N)
@@ -466,7 +467,7 @@ def _normalize_framed_row(x_ptr, w_ptr, b_ptr, y_ptr, start, n_cols, eps, CENTER
     frame, skew, body_end = peeled_frame(start, n_cols, FRAME)
     x_ptr += frame
     y_ptr += frame
-    mean, _mean_g, m2, _comoment = _framed_row_sums(x_ptr, x_ptr, x_ptr, skew, body_end, n_cols, CENTERED, False,
+    mean, _mean_g, m2, _comoment = _framed_row_moments(x_ptr, x_ptr, x_ptr, skew, body_end, n_cols, CENTERED, False,
                                                     False, BLOCK_N, FRAME)  # fmt: skip
     rstd = _rstd(m2, n_cols, eps)
     for first in range(0, body_end, BLOCK_N):
@@ -644,11 +645,11 @@ def row_statistics_backward(
     if FRAME:
         frame, skew, body_end = peeled_frame(start, n_cols, FRAME)
         w_row = _shifted_w(w_ptr, w_stride, skew, FRAME)
-        mean_x, mean_g, m2, c = _framed_row_sums(
+        mean_x, mean_g, m2, c = _framed_row_moments(
             x_ptr + frame, dy_ptr + frame, w_row, skew, body_end, n_cols, CENTERED, True, HAS_WEIGHT, BLOCK_N, FRAME
         )
     else:
-        mean_x, mean_g, m2, c = _row_sums(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, True, HAS_WEIGHT,
+        mean_x, mean_g, m2, c = _row_moments(x_ptr + start, dy_ptr + start, w_ptr, n_cols, CENTERED, True, HAS_WEIGHT,
                                           BLOCK_N)  # fmt: skip
     rstd = _rstd(m2, n_cols, eps)
     stats = stats_ptr + row * 4  # _STATS values a row
