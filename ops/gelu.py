@@ -18,10 +18,10 @@ import triton.language as tl
 
 from .blocks.elementwise import (
     block_offsets,
+    elements_per_thread,
     elementwise_config,
     elementwise_grid,
     in_whole_block,
-    many_inputs_per_thread,
     walk_in_one_order,
     whole_blocks_end,
 )
@@ -143,7 +143,7 @@ def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return y
-    block, warps = elementwise_config(n, x.device)
+    block, warps = elementwise_config(n, x.device, elements_per_thread(x))
     launcher(gelu_forward_kernel, x)[elementwise_grid(n, block)](
         x, y, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps
     )
@@ -164,7 +164,9 @@ def _gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none
         return dx
     # The 16-bit erf form does the most math per byte of any kernel here: at 8
     # a thread it measured 1-1.5 points of copy over 4 (perf notes, version 35).
-    per_thread = 8 if not tanh and x.element_size() == 2 else many_inputs_per_thread(x)
+    per_thread = elements_per_thread(x, inputs=2)
+    if not tanh and x.element_size() == 2:
+        per_thread = max(per_thread, 8)
     block, warps = elementwise_config(n, x.device, per_thread)
     launcher(gelu_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, APPROXIMATE_TANH=tanh, BLOCK_SIZE=block, num_warps=warps

@@ -35,10 +35,10 @@ import triton.language as tl
 
 from .blocks.elementwise import (
     block_offsets,
+    elements_per_thread,
     elementwise_config,
     elementwise_grid,
     in_whole_block,
-    many_inputs_per_thread,
     to_compute_dtype,
     walk_in_one_order,
     whole_blocks_end,
@@ -217,7 +217,7 @@ def _forward(kernel, gate, up, **constexprs):
     n = gate.numel()
     if n == 0:
         return out
-    block, warps = elementwise_config(n, gate.device, many_inputs_per_thread(gate))
+    block, warps = elementwise_config(n, gate.device, elements_per_thread(gate, inputs=2))
     launcher(kernel, gate)[elementwise_grid(n, block)](gate, up, out, n, BLOCK_SIZE=block, num_warps=warps, **constexprs)
     return out
 
@@ -228,7 +228,7 @@ def _backward_pass(kernel, grad, gate, up, **constexprs):
     n = gate.numel()
     if n == 0:
         return d_gate, d_up
-    block, warps = elementwise_config(n, gate.device, many_inputs_per_thread(gate))
+    block, warps = elementwise_config(n, gate.device, elements_per_thread(gate, inputs=3))
     launcher(kernel, gate)[elementwise_grid(n, block)](
         grad, gate, up, d_gate, d_up, n, BLOCK_SIZE=block, num_warps=warps, **constexprs
     )

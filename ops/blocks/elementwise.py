@@ -4,19 +4,63 @@ The guided tour (ops/tour/copy.py) explains each piece as it is first used;
 gelu, swiglu, matmul's split-K sum and the tour's kernels all launch by it.
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
-from ..runtime import is_dense
+from ..runtime import DeviceFacts, device_facts, is_dense
 from .sizes import cdiv, next_power_of_2
 
 
-def many_inputs_per_thread(t: torch.Tensor) -> int:
-    """Elements a thread for a kernel that reads two or more tensors like t
-    (add, the backwards, swiglu): 8 bytes of each, 4 of a 16-bit dtype and
-    2 of float32.  See elementwise_config."""
-    return max(8 // t.element_size(), 1)
+def elements_per_thread(t: torch.Tensor, inputs: int = 1) -> int:
+    """Elements a thread for a kernel that reads `inputs` tensors like t on t's device (``per_thread_for``)."""
+    return per_thread_for(device_facts(t.device), t.element_size(), inputs)
+
+
+def per_thread_for(facts: DeviceFacts, element_size: int, inputs: int) -> int:
+    """Elements a thread for a kernel that reads `inputs` tensors of `element_size` bytes, every SM full.
+
+    A thread loads ``loaded_bytes_a_thread`` bytes in all, shared out among
+    the inputs (each share a power of two, at least 8 bytes: a 4-byte load of
+    two bf16 values cost 10 points of copy, perf notes version 35).  A
+    one-input kernel takes at least 8 elements: float32 at 4 and at 8 ran
+    level on an H100 (version 35b) and on an H200 (version 60), and 8 is what
+    the sweep was measured with.  On an H100 (16 bytes): 8 elements of one
+    16-bit input, 4 of each of two or three, 2 of each float32 input of two or
+    three.  On an H200 (32 bytes): 16, 8, 4; float32 8, 4, 2."""
+    share = max(_MIN_LOAD_BYTES, _power_of_2_at_most(loaded_bytes_a_thread(facts) // inputs))
+    elements = max(share // element_size, 1)
+    return max(elements, 8) if inputs == 1 else elements
+
+
+# The bytes the rule was measured to want at the H100's bandwidth (3.35 TB/s peak): 16 a thread, all inputs
+# together (perf notes, versions 35 and 35b).
+_BASE_LOADED_BYTES, _BASE_GBPS = 16, 3352
+_MIN_LOAD_BYTES = 8
+
+
+def loaded_bytes_a_thread(facts: DeviceFacts) -> int:
+    """Bytes a thread loads, all inputs together, for the memory to stay busy with every SM full.
+
+    Little's law: the bytes in flight an SM needs grow with the bandwidth
+    (the SMs, their threads and the latency stay).  16 bytes at the H100's
+    3.35 TB/s, doubled for each doubling of the device's peak bandwidth,
+    rounded to the nearest power of two: 32 on an H200 (4.8 TB/s), where
+    bf16 kernels ran 3-8 points of copy faster for it (two inputs: swiglu
+    99.0 -> 102.2%, the tanh GELU backward 93.7 -> 101.7%; one input: the tanh
+    GELU 94.2 -> 97.1%; perf notes, version 60) and three inputs kept 8 bytes
+    of each (103.0% against 102.5% at 16).  A device that reports no
+    bandwidth, and the interpreter, take the base."""
+    if not facts.cuda or facts.memory_gbps <= 0:
+        return _BASE_LOADED_BYTES
+    doublings = max(round(math.log2(facts.memory_gbps / _BASE_GBPS)), 0)
+    return _BASE_LOADED_BYTES << doublings
+
+
+def _power_of_2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tuple[int, int]:
@@ -28,16 +72,11 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tup
     four below 2**20, and ``per_thread`` from 2**20 on (or earlier, when it
     asks for fewer).
 
-    * Large tensors: once every SM is full (2048 threads), more bytes in
-      flight a thread buy nothing, and shorter programs measured faster, as
-      long as each load stays 8 bytes or wider.  On an H100 (perf notes,
-      versions 35 and 35b), with the same grid rule at each count: one input
-      (copy, square, GELU) takes 8 a thread, one 16-byte load of a 16-bit
-      dtype (16 was 0.3-1 point of copy slower; 4 was level in float32 and
-      5-6 points slower in bfloat16); two or three inputs take 8 bytes of
-      each (``many_inputs_per_thread``): at 16 elements, 4 and 2, float32 ran
-      at 100.2 / 101.6 / 102.3% of copy and bfloat16 at 101.7 / 103.0 / 92.5%
-      (2^28 elements, add; a 4-byte load of two bf16 values is too narrow).
+    * Large tensors: the count a kernel asks for is ``per_thread_for``'s,
+      the bytes a thread must keep in flight for the device's memory with
+      every SM full, shared out among its inputs; past that, shorter
+      programs measured faster.  ``per_thread`` defaults to the H100's
+      one-input count.
     * Small tensors are bound by latency, not bandwidth: what counts is how
       many SMs share the work and how much math each thread does in a row.
       Blocks of 1024 on 4 warps (the rule before version 36) left a float32

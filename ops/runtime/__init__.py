@@ -32,6 +32,7 @@ from .checks import (
 )
 from .device import (
     H100,
+    H200,
     INTERPRETER,
     ByKind,
     DeviceFacts,
@@ -50,7 +51,7 @@ from .library import NAMESPACE, NATIVE_CUDA
 from .registry import is_traced, register_op
 
 __all__ = [
-    "ByKind", "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
+    "ByKind", "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "H200", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
     "autocast_key", "check_same", "check_tensor", "cuda_capability", "device_facts", "dtype_of", "follow_autocast", "is_dense",
     "is_fake", "is_traced", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "reads_as_float32", "register_formula",
     "register_op", "resident_programs_per_sm", "result_dtype", "run_direct", "set_scratch_allocator", "sm_count",

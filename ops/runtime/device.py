@@ -46,6 +46,9 @@ class DeviceFacts:
     registers_per_sm: int = 65536  # 32-bit registers: 64K on every NVIDIA GPU since Maxwell
     threads_per_sm: int = 2048
     shared_per_sm: int = 0  # bytes
+    # Peak DRAM bandwidth in GB/s, from the driver's memory clock and bus width (0: not known).  The elementwise
+    # rule keeps more bytes in flight on faster memory (ops/blocks/elementwise.py, loaded_bytes_a_thread).
+    memory_gbps: int = 0
 
     @property
     def cuda(self) -> bool:
@@ -103,7 +106,9 @@ class ByKind(Generic[T]):
 INTERPRETER = DeviceFacts("cpu")
 
 # The H100 (SXM, 80 GB) the plans were measured on, as torch reports it: tests plan for it on any machine.
-H100 = DeviceFacts("cuda", sm_count=132, capability=(9, 0), shared_per_sm=233472)
+H100 = DeviceFacts("cuda", sm_count=132, capability=(9, 0), shared_per_sm=233472, memory_gbps=3352)
+# The H200 (141 GB, HBM3e), the same SMs on faster memory.
+H200 = DeviceFacts("cuda", sm_count=132, capability=(9, 0), shared_per_sm=233472, memory_gbps=4814)
 
 
 def device_facts(device: torch.device) -> DeviceFacts:
@@ -123,7 +128,19 @@ def _cuda_facts(index: int | None) -> DeviceFacts:
         registers_per_sm=getattr(props, "regs_per_multiprocessor", 65536),  # where torch does not report it
         threads_per_sm=props.max_threads_per_multi_processor,
         shared_per_sm=props.shared_memory_per_multiprocessor,
+        memory_gbps=_memory_gbps(index),
     )
+
+
+def _memory_gbps(index: int | None) -> int:
+    """Peak DRAM bandwidth (GB/s) as Triton's driver reports the memory (triton.testing.get_dram_gbps's
+    formula: clock x bus width x 2 transfers a clock); 0 where a driver does not say."""
+    try:
+        device = torch.cuda.current_device() if index is None else index
+        properties = triton.runtime.driver.active.utils.get_device_properties(device)
+        return int(properties["mem_clock_rate"] * properties["mem_bus_width"] * 2 / 8 / 1e6)  # kHz x bits
+    except Exception:  # a driver without the properties: the rule's base case
+        return 0
 
 
 @functools.cache

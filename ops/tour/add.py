@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from ..blocks.elementwise import (
+    elements_per_thread,
     elementwise_config,
     elementwise_grid,
-    many_inputs_per_thread,
     to_compute_dtype,
     walk_in_one_order,
 )
@@ -56,7 +56,7 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = a.numel()
     if n == 0:
         return out
-    block, warps = elementwise_config(n, a.device, many_inputs_per_thread(a))
+    block, warps = elementwise_config(n, a.device, elements_per_thread(a, inputs=2))
     launcher(add_kernel, a)[elementwise_grid(n, block)](a, b, out, n, BLOCK_SIZE=block, num_warps=warps)
     return out
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..blocks.elementwise import elementwise_config, elementwise_grid, walk_in_one_order
+from ..blocks.elementwise import elements_per_thread, elementwise_config, elementwise_grid, walk_in_one_order
 from ..runtime import FLOAT_DTYPES, GRAD, check_tensor, launcher, register_formula, register_op
 from ..spec import ELEMENTWISE_SHAPES, OpSpec, describe_numel, element_size, register_spec
 
@@ -70,7 +70,7 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return y  # a launch of zero programs is an error on some backends: return early
-    block, warps = elementwise_config(n, x.device)
+    block, warps = elementwise_config(n, x.device, elements_per_thread(x))
     launcher(copy_kernel, x)[elementwise_grid(n, block)](x, y, n, BLOCK_SIZE=block, num_warps=warps)
     return y
 

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..blocks.elementwise import elementwise_config, many_inputs_per_thread, to_compute_dtype
+from ..blocks.elementwise import elements_per_thread, elementwise_config, to_compute_dtype
 from ..blocks.sizes import at_most, cdiv, next_power_of_2
 from ..runtime import FLOAT_DTYPES, GRAD, check_tensor, launcher, register_formula, register_op
 from ..spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
@@ -145,8 +145,8 @@ def _rgb_to_grayscale(img: torch.Tensor) -> torch.Tensor:
         return gray
     # (N, 3, P): a view when H and W merge into one strided dim, else a copy.
     planes = img.reshape(n_images, 3, n_pixels)
-    # Three planes read: 8 bytes of each a thread, like every kernel of several inputs.
-    block, warps, blocks_per_image = _image_config(n_pixels, img.device, many_inputs_per_thread(img))
+    # Three planes read: the rule of every kernel of several inputs (per_thread_for).
+    block, warps, blocks_per_image = _image_config(n_pixels, img.device, elements_per_thread(img, inputs=3))
     launcher(rgb_to_grayscale_kernel, img)[(n_images * blocks_per_image,)](
         planes, gray, n_pixels, blocks_per_image, *planes.stride(), BLOCK_SIZE=block, num_warps=warps
     )
@@ -161,7 +161,7 @@ def _rgb_to_grayscale_backward(grad: torch.Tensor) -> torch.Tensor:
     if dimg.numel() == 0:
         return dimg
     grad = grad.contiguous()  # often a broadcast view (the gradient of a sum): gathered once
-    block, warps, blocks_per_image = _image_config(n_pixels, grad.device, 8)  # one input, as copy
+    block, warps, blocks_per_image = _image_config(n_pixels, grad.device, elements_per_thread(grad))  # one input
     launcher(rgb_to_grayscale_backward_kernel, grad)[(n_images * blocks_per_image,)](
         grad, dimg, n_pixels, blocks_per_image, BLOCK_SIZE=block, num_warps=warps
     )

@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from ..blocks.elementwise import (  # see ops/blocks/elementwise.py: one rule for every flat kernel
+    elements_per_thread,
     elementwise_config,
     elementwise_grid,
-    many_inputs_per_thread,
     to_compute_dtype,
     walk_in_one_order,
 )
@@ -53,7 +53,7 @@ def _square(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return y
-    block, warps = elementwise_config(n, x.device)
+    block, warps = elementwise_config(n, x.device, elements_per_thread(x))
     launcher(square_forward_kernel, x)[elementwise_grid(n, block)](x, y, n, BLOCK_SIZE=block, num_warps=warps)
     return y
 
@@ -69,7 +69,7 @@ def _square_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return dx
-    block, warps = elementwise_config(n, x.device, many_inputs_per_thread(x))
+    block, warps = elementwise_config(n, x.device, elements_per_thread(x, inputs=2))
     launcher(square_backward_kernel, x)[elementwise_grid(n, block)](
         grad, x, dx, n, BLOCK_SIZE=block, num_warps=warps
     )

@@ -8,6 +8,7 @@ gradcheck, opcheck, clear errors, torch.compile.  Each test runs on the CPU
 (compiled kernels, realistic sizes; marked `gpu`).
 """
 
+import dataclasses
 import importlib
 import inspect
 import itertools
@@ -342,10 +343,10 @@ def test_launch_rule_guards_a_symbolic_size_only_at_its_thresholds():
 
 
 def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
-    """One-input kernels take 8 elements a thread; kernels of two or more
-    inputs (rgb_to_grayscale's three planes among them) 8 bytes of each (4 of
-    a 16-bit dtype, 2 of float32, 8 of uint8), except the 16-bit erf GELU
-    backward: 8 (ops/blocks/elementwise.py, elementwise_config)."""
+    """On the interpreter (the H100's 16 bytes a thread: per_thread_for), one-input
+    kernels take 8 elements a thread; kernels of two or more inputs
+    (rgb_to_grayscale's three planes among them) 8 bytes of each (4 of a 16-bit
+    dtype, 2 of float32, 8 of uint8), except the 16-bit erf GELU backward: 8."""
     asked = []
     default = inspect.signature(elementwise_config).parameters["per_thread"].default
 
@@ -380,6 +381,26 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
     asked.clear()
     tk.rgb_to_grayscale(torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8))
     assert asked == [8]  # 8 bytes of each plane
+
+
+def test_the_count_a_thread_follows_the_bytes_the_memory_wants_in_flight():
+    """16 bytes a thread in all at the H100's bandwidth, 32 at the H200's (and at any other
+    within a factor of sqrt 2 of it), shared among the inputs, at least 8 bytes each; a one-input
+    kernel takes at least 8 elements."""
+    from ops.blocks.elementwise import loaded_bytes_a_thread, per_thread_for
+    from ops.runtime import H100, H200, INTERPRETER
+
+    assert [loaded_bytes_a_thread(f) for f in (INTERPRETER, H100, H200)] == [16, 16, 32]
+    for gbps, expected in [(0, 16), (2000, 16), (3900, 16), (4800, 32), (8000, 32), (10000, 64)]:
+        assert loaded_bytes_a_thread(dataclasses.replace(H100, memory_gbps=gbps)) == expected, gbps
+    # (element size, inputs): elements a thread on the H100, on the H200 (perf notes, versions 35 and 60)
+    table = {
+        (2, 1): (8, 16), (2, 2): (4, 8), (2, 3): (4, 4),
+        (4, 1): (8, 8), (4, 2): (2, 4), (4, 3): (2, 2),
+        (8, 1): (8, 8), (8, 2): (1, 2), (1, 3): (8, 8),
+    }
+    for (size, inputs), counts in table.items():
+        assert (per_thread_for(H100, size, inputs), per_thread_for(H200, size, inputs)) == counts, (size, inputs)
 
 
 def test_image_launch_keeps_the_count_a_thread_on_small_images():
