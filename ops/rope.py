@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from .blocks.sizes import next_power_of_2, rows_in_tile, warps_for
-from .runtime import check_same, check_tensor, launcher, register_op, result_dtype, run_direct
+from .runtime import check_same, check_tensor, launcher, promoted_float, register_op, result_dtype, run_direct
 from .spec import ROUNDING_TOLERANCE, OpSpec, element_size, register_spec
 
 # The block rule (not yet measured on a GPU).  A program's tile is BLOCK_HEADS heads
@@ -324,7 +324,7 @@ def forward(q, k, cos, sin, unsqueeze_dim: int = 1, *, head_tile: int = HEAD_TIL
     """(q_embed, k_embed); tk.rope's body with the block rule's tile and the loads-first form as parameters
     (tests pass a small tile to take several head tiles a program; the harness's tk-q-then-k, the form)."""
     _check_inputs("rope", ("q", "k"), q, k, cos, sin, unsqueeze_dim)
-    out_dtype = torch.promote_types(q.dtype, cos.dtype)  # PyTorch's type promotion: see the module docstring
+    out_dtype = promoted_float(q.dtype, cos.dtype)  # PyTorch's type promotion: see the module docstring
     return _rotate(rope_forward_kernel, q, k, cos, sin, unsqueeze_dim, out_dtype, head_tile, loads_first)
 
 

@@ -27,6 +27,7 @@ from .checks import (
     is_dense,
     is_fake,
     on_cuda,
+    promoted_float,
     reads_as_float32,
     result_dtype,
 )
@@ -53,7 +54,7 @@ from .registry import is_traced, register_op
 __all__ = [
     "ByKind", "DeviceFacts", "FLOAT32", "FLOAT32_RESULT", "H100", "H200", "INTERPRETER", "FLOAT_DTYPES", "GRAD", "LOWER_PRECISION", "NAMESPACE", "NATIVE_CUDA", "RESULT",
     "autocast_key", "check_same", "check_tensor", "cuda_capability", "device_facts", "dtype_of", "follow_autocast", "is_dense",
-    "is_fake", "is_traced", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "reads_as_float32", "register_formula",
+    "is_fake", "is_traced", "kind", "launcher", "launching_directly", "needs_grad", "on_cuda", "promoted_float", "reads_as_float32", "register_formula",
     "register_op", "resident_programs_per_sm", "result_dtype", "run_direct", "set_scratch_allocator", "sm_count",
     "tma_available",
 ]  # fmt: skip

@@ -29,6 +29,17 @@ def result_dtype(op: str, arg: str, dtype: torch.dtype | None, default: torch.dt
     return dtype
 
 
+def promoted_float(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types(a, b)`` for two of FLOAT_DTYPES, in Python.  torch.promote_types is an aten op:
+    a body that calls it is seen calling one, which the native lane cannot replay (rope's every call took
+    the Python path for it, 111 against 12 us a call; docs/perf-notes.md, version 60)."""
+    if a == b:
+        return a
+    if torch.float64 in (a, b):
+        return torch.float64
+    return torch.float32  # float32 beside a 16-bit dtype, or float16 beside bfloat16
+
+
 def reads_as_float32(x_dtype: torch.dtype, dtype: torch.dtype) -> bool:
     """Whether a result asked for in `dtype` can come from an x of `x_dtype` read as it is: a 16-bit
     x into float32.  tk's kernels compute 16-bit inputs in float32, so casting x first (what a

@@ -507,6 +507,32 @@ def test_inputs_that_share_memory_are_not_recorded():
     assert recording.describe((x, x[2:]), torch.empty(0)) is None
 
 
+@pytest.mark.parametrize("cos_dtype", [torch.bfloat16, torch.float32])
+def test_rope_bodies_call_nothing_the_lane_cannot_replay(cos_dtype):
+    """rope's body, forward and backward, only checks, allocates, takes views and launches (on meta tensors:
+    no kernel runs), so its eager CUDA calls replay from C++.  Its result dtype came from torch.promote_types,
+    an aten op: every forward call took the Python path (111 against 12 us a call on an H200)."""
+    from ops import rope
+
+    q = torch.empty(2, 8, 4, 80, dtype=torch.bfloat16, device="meta").transpose(1, 2)[..., :32]
+    k = torch.empty(2, 8, 2, 80, dtype=torch.bfloat16, device="meta").transpose(1, 2)[..., :32]
+    cos, sin = (torch.empty(1, 8, 32, dtype=cos_dtype, device="meta") for _ in range(2))
+    for body in (rope.forward, rope.backward):
+        recording = _native.Recording()
+        with _native._Watch(recording):
+            outputs = body(q, k, cos, sin)
+        assert recording.spoiled is None, (body, recording.spoiled)
+        assert outputs[0].dtype == (torch.promote_types(q.dtype, cos_dtype) if body is rope.forward else q.dtype)
+
+
+def test_promoted_float_is_pytorchs_promotion():
+    from ops.runtime import promoted_float
+    from ops.runtime.checks import FLOAT_DTYPES
+
+    for a, b in itertools.product(FLOAT_DTYPES, repeat=2):
+        assert promoted_float(a, b) == torch.promote_types(a, b), (a, b)
+
+
 def test_argument_bits_fill_a_64_bit_slot():
     assert _native._bits("f", 1.5) == struct.unpack("<i", struct.pack("<f", 1.5))[0]
     assert _native._bits("d", -2.0) == struct.unpack("<q", struct.pack("<d", -2.0))[0]
@@ -599,6 +625,49 @@ def _all_specs():
     return sorted(ops.SPECS)
 
 
+class _TkCalls(TorchDispatchMode):
+    """The tk ops a call makes, with their arguments (each still runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "tk":
+            self.calls.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+# Bodies that run PyTorch ops by design, and so stay in Python: the fused loss's chunk GEMMs are cuBLAS's.
+_PYTHON_BODIES = {"linear_cross_entropy_forward", "linear_cross_entropy_backward"}
+
+
+@pytest.mark.parametrize("name", _all_specs())
+def test_each_ops_body_calls_nothing_the_lane_cannot_replay(name):
+    """Every op's body, on its harness inputs as meta tensors (no kernel runs), only checks, allocates, takes
+    views and launches: the native lane replays its eager CUDA calls.  One aten op (rope's torch.promote_types
+    was one) sends every call through Python, with nothing failing but the time."""
+    import ops
+    from torch._library.custom_ops import OPDEFS
+
+    spec = ops.get_spec(name)
+    args = [a.detach().to("meta") if isinstance(a, torch.Tensor) else a
+            for a in spec.make_inputs(spec.shapes["cpu"][0], torch.bfloat16, torch.device("cpu"))]  # fmt: skip
+    calls = _TkCalls()
+    with calls:
+        spec.tk(*args)
+    assert calls.calls, name
+    for func, call_args, kwargs in calls.calls:
+        op = func.name().split("::")[1].split(".")[0]
+        if op in _PYTHON_BODIES:
+            continue
+        body = OPDEFS[f"tk::{op}_cpu"]._init_fn  # the CPU op is custom_op(body): its function is the body
+        recording = _native.Recording()
+        with _native._Watch(recording):
+            body(*call_args, **kwargs)
+        assert recording.spoiled is None, (op, recording.spoiled)
+
+
 def _as_list(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -625,7 +694,7 @@ def test_each_op_replayed_from_cpp_gives_the_bits_of_its_python_path(name):
 
 
 _SHOULD_REPLAY = ["gelu", "gelu_tanh", "gelu_backward", "copy", "add", "square", "softmax", "softmax_backward",
-                  "rms_norm", "layer_norm", "matmul", "swiglu"]  # fmt: skip
+                  "rms_norm", "layer_norm", "matmul", "swiglu", "rope", "rope_backward"]  # fmt: skip
 
 
 @pytest.mark.gpu
