@@ -4,6 +4,7 @@ The guided tour (ops/tour/copy.py) explains each piece as it is first used;
 gelu, swiglu, matmul's split-K sum and the tour's kernels all launch by it.
 """
 
+import functools
 import math
 
 import torch
@@ -19,6 +20,7 @@ def elements_per_thread(t: torch.Tensor, inputs: int = 1) -> int:
     return per_thread_for(device_facts(t.device), t.element_size(), inputs)
 
 
+@functools.lru_cache(maxsize=256)  # on every eager Python-path call: a lookup, not a logarithm
 def per_thread_for(facts: DeviceFacts, element_size: int, inputs: int) -> int:
     """Elements a thread for a kernel that reads `inputs` tensors of `element_size` bytes, every SM full.
 
@@ -29,7 +31,9 @@ def per_thread_for(facts: DeviceFacts, element_size: int, inputs: int) -> int:
     level on an H100 (version 35b) and on an H200 (version 60), and 8 is what
     the sweep was measured with.  On an H100 (16 bytes): 8 elements of one
     16-bit input, 4 of each of two or three, 2 of each float32 input of two or
-    three.  On an H200 (32 bytes): 16, 8, 4; float32 8, 4, 2."""
+    three.  On an H200 (32 bytes): 16, 8, 4; float32 8, 4, 2.  (A one-byte
+    input, tk.copy of uint8, takes 16 on an H100: 16-byte loads; it took 8
+    before version 60, unmeasured either way.)"""
     share = max(_MIN_LOAD_BYTES, _power_of_2_at_most(loaded_bytes_a_thread(facts) // inputs))
     elements = max(share // element_size, 1)
     return max(elements, 8) if inputs == 1 else elements
@@ -39,6 +43,7 @@ def per_thread_for(facts: DeviceFacts, element_size: int, inputs: int) -> int:
 # together (perf notes, versions 35 and 35b).
 _BASE_LOADED_BYTES, _BASE_GBPS = 16, 3352
 _MIN_LOAD_BYTES = 8
+_MAX_DOUBLINGS = 1  # 32 bytes: the H200's, the largest count measured
 
 
 def loaded_bytes_a_thread(facts: DeviceFacts) -> int:
@@ -51,11 +56,12 @@ def loaded_bytes_a_thread(facts: DeviceFacts) -> int:
     bf16 kernels ran 3-8 points of copy faster for it (two inputs: swiglu
     99.0 -> 102.2%, the tanh GELU backward 93.7 -> 101.7%; one input: the tanh
     GELU 94.2 -> 97.1%; perf notes, version 60) and three inputs kept 8 bytes
-    of each (103.0% against 102.5% at 16).  A device that reports no
-    bandwidth, and the interpreter, take the base."""
+    of each (103.0% against 102.5% at 16).  At most 32 bytes, the most
+    measured (a faster memory than the H200's gets the H200's count).  A
+    device that reports no bandwidth, and the interpreter, take the base."""
     if not facts.cuda or facts.memory_gbps <= 0:
         return _BASE_LOADED_BYTES
-    doublings = max(round(math.log2(facts.memory_gbps / _BASE_GBPS)), 0)
+    doublings = min(max(round(math.log2(facts.memory_gbps / _BASE_GBPS)), 0), _MAX_DOUBLINGS)
     return _BASE_LOADED_BYTES << doublings
 
 
@@ -69,8 +75,8 @@ def elementwise_config(n: int, device: torch.device, per_thread: int = 8) -> tup
     GPU: programs of 8 warps (256 threads), each thread taking ``per_thread``
     elements, or fewer where that would leave fewer than _MIN_PROGRAMS
     programs: one element a thread below 2**18 elements, two below 2**19,
-    four below 2**20, and ``per_thread`` from 2**20 on (or earlier, when it
-    asks for fewer).
+    four below 2**20, and so on: ``per_thread`` once it leaves 512 programs
+    (8 from 2**20, 16 from 2**21; earlier when it asks for fewer).
 
     * Large tensors: the count a kernel asks for is ``per_thread_for``'s,
       the bytes a thread must keep in flight for the device's memory with

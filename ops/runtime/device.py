@@ -120,6 +120,8 @@ def device_facts(device: torch.device) -> DeviceFacts:
 
 @functools.cache
 def _cuda_facts(index: int | None) -> DeviceFacts:
+    if not torch.cuda.is_available():  # fake CUDA tensors, traced (export, compile) on a host without a GPU
+        return H100
     props = torch.cuda.get_device_properties(index)
     return DeviceFacts(
         "cuda",
@@ -162,9 +164,7 @@ def cuda_capability(index: int | None) -> tuple[int, int]:
 @functools.cache
 def tma_available(device: torch.device) -> bool:
     """Whether kernels may use TMA tensor descriptors on ``device``: a Hopper or newer GPU, and a Triton that has them."""
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
+    return device_facts(device).hopper and hasattr(tl, "make_tensor_descriptor")
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:

@@ -342,11 +342,24 @@ def test_launch_rule_guards_a_symbolic_size_only_at_its_thresholds():
             assert not any("Eq" in guard or "//" in guard for guard in guards), (rule, size, guards)
 
 
-def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
-    """On the interpreter (the H100's 16 bytes a thread: per_thread_for), one-input
-    kernels take 8 elements a thread; kernels of two or more inputs
-    (rgb_to_grayscale's three planes among them) 8 bytes of each (4 of a 16-bit
-    dtype, 2 of float32, 8 of uint8), except the 16-bit erf GELU backward: 8."""
+# Elements a thread (one input, two inputs, three inputs) by element size, as per_thread_for gives them.
+_COUNTS = {
+    "interpreter": {4: (8, 2, 2), 2: (8, 4, 4), 8: (8, 1, 1)},  # the H100's 16 bytes a thread
+    "H200": {4: (8, 4, 2), 2: (16, 8, 4), 8: (8, 2, 1)},  # 32 bytes a thread
+}
+
+
+@pytest.mark.parametrize("facts", sorted(_COUNTS))
+def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch, facts):
+    """Each op asks per_thread_for with its own count of inputs: on the interpreter (the H100's 16
+    bytes a thread) one-input kernels take 8 elements a thread and kernels of two or more inputs
+    8 bytes of each; told it runs on an H200 (32 bytes), one 16-bit input takes 16, two 8, three
+    (swiglu's backward, rgb_to_grayscale's planes) 4.  The 16-bit erf GELU backward takes at least 8."""
+    from ops.blocks import elementwise
+    from ops.runtime import H200
+
+    if facts == "H200":  # the rule's device; the kernels still run on the interpreter, which ignores the count
+        monkeypatch.setattr(elementwise, "device_facts", lambda device: H200)
     asked = []
     default = inspect.signature(elementwise_config).parameters["per_thread"].default
 
@@ -356,48 +369,50 @@ def test_each_op_asks_the_launch_rule_for_its_count_a_thread(monkeypatch):
 
     for module in ["tour.copy", "tour.square", "tour.add", "gelu", "swiglu", "tour.rgb_to_grayscale"]:
         monkeypatch.setattr(importlib.import_module(f"ops.{module}"), "elementwise_config", spy)
-    for dtype, many in [(torch.float32, 2), (torch.bfloat16, 4), (torch.float16, 4), (torch.float64, 1)]:
+    for dtype in [torch.float32, torch.bfloat16, torch.float16, torch.float64]:
         x, y = torch.randn(2, 100, dtype=dtype), torch.randn(2, 100, dtype=dtype)
-        erf_backward = 8 if x.element_size() == 2 else many
+        one, two, three = _COUNTS[facts][x.element_size()]
+        erf_backward = max(two, 8) if x.element_size() == 2 else two
         calls = [
-            (lambda: tk.copy(x), 8),
-            (lambda: tk.square(x), 8),
-            (lambda: tk.gelu(x), 8),
-            (lambda: tk.gelu(x, "tanh"), 8),
-            (lambda: tk.square_backward(x, y), many),
-            (lambda: tk.add(x, y), many),
-            (lambda: tk.gelu_backward(x, y, "tanh"), many),
+            (lambda: tk.copy(x), one),
+            (lambda: tk.square(x), one),
+            (lambda: tk.gelu(x), one),
+            (lambda: tk.gelu(x, "tanh"), one),
+            (lambda: tk.square_backward(x, y), two),
+            (lambda: tk.add(x, y), two),
+            (lambda: tk.gelu_backward(x, y, "tanh"), two),
             (lambda: tk.gelu_backward(x, y, "none"), erf_backward),
-            (lambda: tk.swiglu(x, y), many),
-            (lambda: tk.geglu(x, y), many),
-            (lambda: tk.swiglu_backward(x, x, y), many),
-            (lambda: tk.rgb_to_grayscale(x.reshape(2, 4, 5, 5)[:, :3]), many),  # three planes read
-            (lambda: tk.rgb_to_grayscale_backward(x), 8),  # one read, three written
+            (lambda: tk.swiglu(x, y), two),
+            (lambda: tk.geglu(x, y), two),
+            (lambda: tk.swiglu_backward(x, x, y), three),
+            (lambda: tk.geglu_backward(x, x, y), three),
+            (lambda: tk.rgb_to_grayscale(x.reshape(2, 4, 5, 5)[:, :3]), three),  # three planes read
+            (lambda: tk.rgb_to_grayscale_backward(x), one),  # one read, three written
         ]
-        for call, expected in calls:
+        for i, (call, expected) in enumerate(calls):
             asked.clear()
             call()
-            assert asked == [expected], dtype
+            assert asked == [expected], (dtype, i)
     asked.clear()
     tk.rgb_to_grayscale(torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8))
-    assert asked == [8]  # 8 bytes of each plane
+    assert asked == [8]  # 8 bytes of each plane on both
 
 
 def test_the_count_a_thread_follows_the_bytes_the_memory_wants_in_flight():
-    """16 bytes a thread in all at the H100's bandwidth, 32 at the H200's (and at any other
-    within a factor of sqrt 2 of it), shared among the inputs, at least 8 bytes each; a one-input
-    kernel takes at least 8 elements."""
+    """16 bytes a thread in all at the H100's bandwidth, 32 at the H200's (and at any faster one:
+    the most measured), shared among the inputs, at least 8 bytes each; a one-input kernel takes
+    at least 8 elements."""
     from ops.blocks.elementwise import loaded_bytes_a_thread, per_thread_for
     from ops.runtime import H100, H200, INTERPRETER
 
     assert [loaded_bytes_a_thread(f) for f in (INTERPRETER, H100, H200)] == [16, 16, 32]
-    for gbps, expected in [(0, 16), (2000, 16), (3900, 16), (4800, 32), (8000, 32), (10000, 64)]:
+    for gbps, expected in [(0, 16), (2000, 16), (3900, 16), (4800, 32), (8000, 32), (10000, 32), (10**7, 32)]:
         assert loaded_bytes_a_thread(dataclasses.replace(H100, memory_gbps=gbps)) == expected, gbps
     # (element size, inputs): elements a thread on the H100, on the H200 (perf notes, versions 35 and 60)
     table = {
         (2, 1): (8, 16), (2, 2): (4, 8), (2, 3): (4, 4),
         (4, 1): (8, 8), (4, 2): (2, 4), (4, 3): (2, 2),
-        (8, 1): (8, 8), (8, 2): (1, 2), (1, 3): (8, 8),
+        (8, 1): (8, 8), (8, 2): (1, 2), (1, 3): (8, 8), (1, 1): (16, 32),
     }
     for (size, inputs), counts in table.items():
         assert (per_thread_for(H100, size, inputs), per_thread_for(H200, size, inputs)) == counts, (size, inputs)

@@ -321,3 +321,25 @@ def test_a_saved_tensor_changed_in_place_is_caught_at_backward():
     y = torch.ops.tk.softmax(x, -1)
     x.mul_(2)  # softmax's input is not saved: the backward runs
     y.sum().backward()
+
+
+# Ops whose harness call traces on fake CUDA tensors anywhere (cross entropy, the fused loss and rope build
+# their inputs or references with calls that need a CUDA build: not listed).
+_FAKE_CUDA_OPS = ["add", "copy", "cross_entropy_backward", "geglu", "gelu", "gelu_backward", "gelu_tanh",
+                  "gelu_tanh_backward", "layer_norm", "layer_norm_backward", "matmul", "rgb_to_grayscale", "rms_norm",
+                  "rms_norm_backward", "softmax", "softmax_backward", "square", "swiglu"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _FAKE_CUDA_OPS)
+def test_calls_on_fake_cuda_tensors_trace_without_a_gpu(name):
+    """A CUDA call traced on fake tensors (export, compile) plans as on the GPU, on a host without one too:
+    the device's facts are then the H100's (DeviceFacts), not an error from torch.cuda.  Its results have
+    the reference's shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec = ops.get_spec(name)
+    with FakeTensorMode():
+        args = spec.make_inputs(spec.shapes["cuda"][0], torch.bfloat16, torch.device("cuda"))
+        got, want = spec.tk(*args), spec.reference(*args)
+    got, want = (out if isinstance(out, tuple) else (out,) for out in (got, want))
+    assert [(g.shape, g.dtype, g.device.type) for g in got] == [(w.shape, w.dtype, "cuda") for w in want]
