@@ -32,7 +32,7 @@ def result_dtype(op: str, arg: str, dtype: torch.dtype | None, default: torch.dt
 def promoted_float(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     """``torch.promote_types(a, b)`` for two of FLOAT_DTYPES, in Python.  torch.promote_types is an aten op:
     a body that calls it is seen calling one, which the native lane cannot replay (rope's every call took
-    the Python path for it, 111 against 12 us a call; docs/perf-notes.md, version 60)."""
+    the Python path for it, 111 against 12 us a call; docs/perf-notes.md, version 60b)."""
     if a == b:
         return a
     if torch.float64 in (a, b):

@@ -135,12 +135,12 @@ def _cuda_facts(index: int | None) -> DeviceFacts:
 
 
 def _memory_gbps(index: int | None) -> int:
-    """Peak DRAM bandwidth (GB/s) as Triton's driver reports the memory (triton.testing.get_dram_gbps's
-    formula: clock x bus width x 2 transfers a clock); 0 where a driver does not say."""
+    """Peak DRAM bandwidth (GB/s) as Triton's driver reports the memory (``triton.testing.get_dram_gbps``: clock x
+    bus width x 2 transfers a clock); 0 where a driver does not say."""
     try:
-        device = torch.cuda.current_device() if index is None else index
-        properties = triton.runtime.driver.active.utils.get_device_properties(device)
-        return int(properties["mem_clock_rate"] * properties["mem_bus_width"] * 2 / 8 / 1e6)  # kHz x bits
+        import triton.testing
+
+        return int(triton.testing.get_dram_gbps(index))  # (None: the current device)
     except Exception:  # a driver without the properties: the rule's base case
         return 0
 

@@ -693,3 +693,12 @@ def test_tensors_past_2_to_the_31_elements():
     y = tk.square(x)
     for part in [slice(0, 1 << 20), slice(n - (1 << 24), n)]:  # the first elements and the last ones
         assert_close(y[part], x[part].double() ** 2, torch.float16)
+
+
+@pytest.mark.gpu
+def test_the_gpu_reports_its_memory_bandwidth():
+    """The rule's input on a real GPU: the driver's peak bandwidth (an H100 SXM 3352 GB/s, an H200 4814), not
+    the 0 that would silently give every device the H100's counts."""
+    from ops.runtime import device_facts
+
+    assert device_facts(torch.device("cuda")).memory_gbps > 1000
