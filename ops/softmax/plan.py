@@ -8,7 +8,12 @@ can plan for an H100 (``ops.runtime.H100``) on a machine without a GPU.
 
 The rule, in order (docs/ops/softmax.md has the table with its numbers):
 
-1. the row fits a block (``max_block``): ``BlockPlan``, tiles of whole rows;
+1. the row fits a block (``max_block``): ``BlockPlan``, tiles of whole rows.
+   The backward's exceptions on a GPU: float32 rows past
+   ``backward_float32_max_block`` go to 2; 16-bit rows that fill at most
+   ``backward_sparse_fill`` of a block of 8192 or 16384 take a ``LoopedPlan``
+   of one chunk (the dot, then the row read again), of 32768 go to 2 in
+   short segments (``backward_16bit_sparse``);
 2. rows held on chip across programs (``HeldPlan``) where a held design exists
    for the dtype (16- and 32-bit, not float64), is on for the device, and a
    row's segments all fit the persistent grid.  Eager 16-bit forwards of
@@ -66,6 +71,26 @@ class Tuning:
     # at 65536 the block spills (59%) (version 2).
     max_block: int = 32768
     cpu_max_block: int = 1 << 16
+    # The backward's block holds a row of dy and y across the row's reduction, so a program's registers
+    # grow with the block, not the row.  H200, bf16 / float32 dx, rows of 4095, % of a copy of the same
+    # bytes (perf-notes version 61):
+    # - float32 rows of 16385-32768 columns (a block of 32768 float32) ran at 77-81%, held across
+    #   programs (backward_float32) at 99-102; Liger's block at 81-89.  Up to 16384 the block ran 100-102.
+    backward_float32_max_block: int = 16384
+    # - 16-bit rows that fill at most 7/8 of their block ran at 81-95% (4095x9216 / 11008 / 13824 /
+    #   14336: 81 / 87 / 95 / 95).  The idle lanes hold registers too.  One program a row that reads the row once
+    #   for the dot and again (from L1 / L2) for dx (a LoopedPlan of one chunk, the reloading pass)
+    #   keeps no row across the reduction: 93 / 94 / 100 / 99 at 8 warps for blocks of 16384; 4095x5120
+    #   and 8191x4608 (blocks of 8192) 104 / 99 at 16 warps, where the block ran 94 / 88 (4095x7168, 7/8
+    #   of its block: 102 against 103).  Other warps ran 2-25 points slower.  Fuller rows: the block.
+    backward_sparse_fill: float = 7 / 8
+    backward_reload_warps: tuple[tuple[int, int], ...] = ((8192, 16), (16384, 8))  # (block, warps)
+    # - 16-bit rows of such a block of 32768 (4095x18432 / 20480) ran 85 / 85 as a block, 72 / 72
+    #   reloading; held in segments of 2048 on 2 warps, 8 programs an SM, 95 / 92 (backward_16bit's
+    #   4096 on 4 warps: 88 / 89).  At 28672 / 32000 / 32768 that setup ran 95 / 94 / 91 against the
+    #   block's 94 / 95 / 93.
+    backward_sparse_held_block: int = 32768
+    backward_16bit_sparse: HeldDesign = HeldDesign(LAGGED, HeldSetup(2048, 2, 128, 8))
     # Short rows are stacked into tiles of at most this many elements; a row at least this long
     # has a program of its own (version 12; see _rows_per_program).
     row_tile: int = 1024
@@ -297,7 +322,10 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     cuda = meta.facts.cuda
     rows = Rows(meta.n_rows, meta.n_cols, meta.inner, column_multiple(meta.n_cols))
     block = next_power_of_2(meta.n_cols)
-    if block <= (tuning.max_block if cuda else tuning.cpu_max_block):
+    if _in_one_block(meta, block, tuning):
+        reload_warps = _reload_warps(meta, block, tuning)
+        if reload_warps:
+            return LoopedPlan(meta.direction, rows, block, reload_warps)
         block_m = _rows_per_program(meta, block, tuning)
         return BlockPlan(meta.direction, rows, block_m, block, warps_for(block_m * block))
     held = _held_plan(meta, rows, tuning)
@@ -309,6 +337,41 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
         return LoopedPlan(meta.direction, rows, chunk, warps_for(chunk))
     warps, segments_block = warps_for(chunk), next_power_of_2(n_segments)
     return SplitPlan(meta.direction, rows, n_segments, segment_len, chunk, warps, segments_block)
+
+
+def _in_one_block(meta: Meta, block: int, tuning: Tuning) -> bool:
+    """Whether a row's `block` (its length up to a power of two) is reduced by one program on its own:
+    the block kernel, or the backward's reloading pass (see Tuning.backward_float32_max_block)."""
+    if not meta.facts.cuda:
+        return block <= tuning.cpu_max_block
+    if meta.direction == BACKWARD and meta.widest == 4:
+        return block <= tuning.backward_float32_max_block
+    if _held_sparse(meta, block, tuning):
+        return False
+    return block <= tuning.max_block
+
+
+def _held_sparse(meta: Meta, block: int, tuning: Tuning) -> bool:
+    """A 16-bit backward row of a block of backward_sparse_held_block that it fills sparsely: held in
+    short segments (Tuning.backward_16bit_sparse)."""
+    return block == tuning.backward_sparse_held_block and _sparse_16bit_backward(meta, block, tuning)
+
+
+def _sparse_16bit_backward(meta: Meta, block: int, tuning: Tuning) -> bool:
+    """A 16-bit backward on a GPU whose row fills at most backward_sparse_fill of its block."""
+    return (
+        meta.facts.cuda
+        and meta.direction == BACKWARD
+        and meta.widest == 2
+        and meta.n_cols <= tuning.backward_sparse_fill * block
+    )
+
+
+def _reload_warps(meta: Meta, block: int, tuning: Tuning) -> int:
+    """The warps of the backward's reloading pass for this row, 0 where the row takes no such pass."""
+    if not _sparse_16bit_backward(meta, block, tuning):
+        return 0
+    return dict(tuning.backward_reload_warps).get(block, 0)
 
 
 def _target_programs(facts: DeviceFacts, tuning: Tuning) -> int:
@@ -411,7 +474,10 @@ def _held_design(meta: Meta, tuning: Tuning) -> HeldDesign | None:
     if meta.widest == 2:
         if forward and _frame(meta):
             return tuning.forward_16bit_framed
-        return tuning.forward_16bit if forward else tuning.backward_16bit
+        if forward:
+            return tuning.forward_16bit
+        sparse = _held_sparse(meta, next_power_of_2(meta.n_cols), tuning)
+        return tuning.backward_16bit_sparse if sparse else tuning.backward_16bit
     if meta.widest == 4:
         return tuning.forward_float32 if forward else tuning.backward_float32
     return None

@@ -20,7 +20,7 @@ from reference import DEVICES, DTYPES, TOLERANCE, assert_close, leaf64, rel_erro
 from ops.blocks.alignment import frame_run
 from ops.blocks.held_rows import UNPUBLISHED, unpublished_words, words_block
 from ops.blocks.sizes import cdiv, next_power_of_2
-from ops.runtime import H100, INTERPRETER, DeviceFacts
+from ops.runtime import H100, H200, INTERPRETER, DeviceFacts
 from ops.runtime.direct import run_direct
 from ops.softmax import launch as softmax_launch, op as softmax_op
 from ops.softmax.plan import (
@@ -651,6 +651,67 @@ def test_softmax_held_rule():
     ahead = h100_plan(64, 1 << 20, **eager_aligned)  # 1056 programs, 4 rows of 256 segments at once
     assert ahead.family == STAGED_AHEAD and (ahead.n_segments, ahead.rows_at_once) == (256, 4)
     assert (ahead.stages, ahead.full) == (3, True) and h100_plan(64, (1 << 20) + 16, **eager_aligned).full is False
+
+
+def test_softmax_backward_rule_by_block_fill():
+    """The backward of rows that fit a block, on a GPU (Tuning.backward_float32_max_block and
+    backward_sparse_fill): float32 rows past 16384 columns held in segments of 2048; 16-bit rows that
+    fill at most 7/8 of a block of 8192 or 16384 reloaded, one chunk of the block, of 32768 held in
+    segments of 2048 on 2 warps; fuller rows, and every forward, in the block.  The rule reads sizes
+    only: an H100's plans are an H200's."""
+
+    def design(n_cols, element_size=2, direction=BACKWARD, facts=H200):
+        plan = choose_plan(Meta(direction, 4095, n_cols, 1, element_size, element_size, facts))
+        if isinstance(plan, LoopedPlan):
+            assert plan.chunk == next_power_of_2(n_cols)  # one chunk: the row read twice, once each pass
+            return ("reload", plan.warps)
+        if isinstance(plan, HeldPlan):
+            return ("held", plan.segment, plan.warps)
+        assert isinstance(plan, BlockPlan)
+        return ("block", plan.warps)
+
+    assert [design(n) for n in (4096, 4608, 5120, 7168, 7169, 8192)] == [
+        ("block", 8), ("reload", 16), ("reload", 16), ("reload", 16), ("block", 16), ("block", 16)
+    ]  # fmt: skip
+    assert [design(n) for n in (8193, 11008, 14336, 14337, 16384)] == [
+        ("reload", 8), ("reload", 8), ("reload", 8), ("block", 32), ("block", 32)
+    ]  # fmt: skip
+    assert [design(n) for n in (16385, 20480, 28672, 28673, 32000, 32768)] == [
+        ("held", 2048, 2), ("held", 2048, 2), ("held", 2048, 2), ("block", 32), ("block", 32), ("block", 32)
+    ]  # fmt: skip
+    assert design(40000) == ("held", 4096, 4)  # past a block: the 16-bit backward's own setup
+    assert [design(n, 4) for n in (11008, 16384, 16385, 32768)] == [
+        ("block", 32), ("block", 32), ("held", 2048, 4), ("held", 2048, 4)
+    ]  # fmt: skip
+    assert [design(n, 2, FORWARD) for n in (5120, 11008, 20480)] == [("block", 16), ("block", 32), ("block", 32)]
+    assert [design(n, 4, FORWARD) for n in (20480, 32768)] == [("block", 32), ("block", 32)]
+    assert design(11008, facts=H100) == ("reload", 8) and design(20480, 4, facts=H100) == ("held", 2048, 4)
+    assert design(11008, 8) == ("block", 32)  # float64: no held design, and its block was never measured
+    cpu = choose_plan(Meta(BACKWARD, 4095, 11008, 1, 2, 2, INTERPRETER))
+    assert isinstance(cpu, BlockPlan)  # the interpreter keeps its own rule
+    held_off = choose_plan(Meta(BACKWARD, 4095, 20480, 1, 2, 2, H200), replace(TUNING, held_rows=False))
+    assert isinstance(held_off, LoopedPlan) and held_off.chunk == TUNING.chunk  # read twice, chunk by chunk
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_softmax_backward_of_rows_that_fill_a_block_partly_on_the_gpu(launched, dtype):
+    """The backward's designs for rows that fit a block but fill it partly (the rule's own test above):
+    the reloading pass and the held rows, against float64, odd widths and row counts among them, a
+    strided dim, and under torch.compile."""
+    widths = [4609, 11008, 14336, 20001] if dtype != torch.float32 else [16385, 20480, 32000]
+    for n_cols in widths:
+        for shape, dim in [((37, n_cols), -1), ((3, n_cols, 2), 1)]:
+            launched.clear()
+            x = (4 * torch.randn(shape, device="cuda")).to(dtype)
+            check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
+            size = x.element_size()
+            plan = choose_plan(Meta(BACKWARD, x.numel() // n_cols, n_cols, 1, size, size, H200))
+            design = "looped" if isinstance(plan, LoopedPlan) else "lagged"
+            assert isinstance(plan, (LoopedPlan, HeldPlan)), (shape, plan)
+            assert launched[-1] == DESIGN_KERNELS[design][1], (shape, launched)
+    compiled = torch.compile(lambda t: torch.ops.tk.softmax(t, -1), fullgraph=True)
+    check_softmax_and_gradient(compiled, (4 * torch.randn(65, widths[1], device="cuda")).to(dtype), -1)
 
 
 @pytest.mark.gpu
