@@ -13,7 +13,8 @@ The rule, in order (docs/ops/softmax.md has the table with its numbers):
    ``backward_float32_max_block`` go to 2; 16-bit rows that fill at most
    ``backward_sparse_fill`` of a block of 8192 or 16384 take a ``LoopedPlan``
    of one chunk (the dot, then the row read again), of 32768 go to 2 in
-   short segments (``backward_16bit_sparse``);
+   short segments (``backward_16bit_sparse``).  float32 forwards of a block
+   of 16384 take that one-chunk LoopedPlan too;
 2. rows held on chip across programs (``HeldPlan``) where a held design exists
    for the dtype (16- and 32-bit, not float64), is on for the device, and a
    row's segments all fit the persistent grid.  Eager 16-bit forwards of
@@ -90,6 +91,12 @@ class Tuning:
     #   4096 on 4 warps: 88 / 89).  At 28672 / 32000 / 32768 that setup ran 95 / 94 / 91 against the
     #   block's 94 / 95 / 93.
     backward_sparse_held_block: int = 32768
+    # The float32 forward's block of 16384 (x and y float32) ran at 72 / 81 / 85% of copy at 4095x11008 /
+    # 13824 / 4096x16384, the reloading pass (an online max and sum, then the row read again) at 16 warps
+    # 90 / 97 / 93 (8 warps within a point; Liger-Kernel's block 99 / 97 / 96).  Blocks of 8192 and 32768
+    # kept the block: 97-99% at 4095x5120 and 8191x4608, 88 / 98 at 20480 / 32000 against 80 / 93
+    # reloaded.  16-bit forwards kept it everywhere (81-92%, level with Liger's) (perf-notes version 61).
+    forward_float32_reload_warps: tuple[tuple[int, int], ...] = ((16384, 16),)  # (block, warps)
     backward_16bit_sparse: HeldDesign = HeldDesign(LAGGED, HeldSetup(2048, 2, 128, 8))
     # Short rows are stacked into tiles of at most this many elements; a row at least this long
     # has a program of its own (version 12; see _rows_per_program).
@@ -368,7 +375,10 @@ def _sparse_16bit_backward(meta: Meta, block: int, tuning: Tuning) -> bool:
 
 
 def _reload_warps(meta: Meta, block: int, tuning: Tuning) -> int:
-    """The warps of the backward's reloading pass for this row, 0 where the row takes no such pass."""
+    """The warps of the reloading pass for this row (a LoopedPlan of one chunk), 0 where it takes none."""
+    if meta.direction == FORWARD:
+        float32 = meta.facts.cuda and meta.input_bytes == meta.output_bytes == 4
+        return dict(tuning.forward_float32_reload_warps).get(block, 0) if float32 else 0
     if not _sparse_16bit_backward(meta, block, tuning):
         return 0
     return dict(tuning.backward_reload_warps).get(block, 0)

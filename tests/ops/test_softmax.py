@@ -654,11 +654,11 @@ def test_softmax_held_rule():
 
 
 def test_softmax_backward_rule_by_block_fill():
-    """The backward of rows that fit a block, on a GPU (Tuning.backward_float32_max_block and
-    backward_sparse_fill): float32 rows past 16384 columns held in segments of 2048; 16-bit rows that
-    fill at most 7/8 of a block of 8192 or 16384 reloaded, one chunk of the block, of 32768 held in
-    segments of 2048 on 2 warps; fuller rows, and every forward, in the block.  The rule reads sizes
-    only: an H100's plans are an H200's."""
+    """Rows that fit a block, on a GPU (Tuning.backward_float32_max_block, backward_sparse_fill,
+    forward_float32_reload_warps): backward float32 rows past 16384 columns held in segments of 2048;
+    backward 16-bit rows that fill at most 7/8 of a block of 8192 or 16384 reloaded, one chunk of the
+    block, of 32768 held in segments of 2048 on 2 warps; float32 forwards of a block of 16384 reloaded;
+    the rest in the block.  The rule reads sizes only: an H100's plans are an H200's."""
 
     def design(n_cols, element_size=2, direction=BACKWARD, facts=H200):
         plan = choose_plan(Meta(direction, 4095, n_cols, 1, element_size, element_size, facts))
@@ -684,7 +684,11 @@ def test_softmax_backward_rule_by_block_fill():
         ("block", 32), ("block", 32), ("held", 2048, 4), ("held", 2048, 4)
     ]  # fmt: skip
     assert [design(n, 2, FORWARD) for n in (5120, 11008, 20480)] == [("block", 16), ("block", 32), ("block", 32)]
-    assert [design(n, 4, FORWARD) for n in (20480, 32768)] == [("block", 32), ("block", 32)]
+    assert [design(n, 4, FORWARD) for n in (8192, 8193, 16384, 16385, 32768)] == [
+        ("block", 16), ("reload", 16), ("reload", 16), ("block", 32), ("block", 32)
+    ]  # fmt: skip
+    to_float32 = choose_plan(Meta(FORWARD, 4095, 11008, 1, 2, 4, H200))  # a 16-bit x, a float32 y: not measured
+    assert isinstance(to_float32, BlockPlan)
     assert design(11008, facts=H100) == ("reload", 8) and design(20480, 4, facts=H100) == ("held", 2048, 4)
     assert design(11008, 8) == ("block", 32)  # float64: no held design, and its block was never measured
     cpu = choose_plan(Meta(BACKWARD, 4095, 11008, 1, 2, 2, INTERPRETER))
@@ -695,23 +699,29 @@ def test_softmax_backward_rule_by_block_fill():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_softmax_backward_of_rows_that_fill_a_block_partly_on_the_gpu(launched, dtype):
-    """The backward's designs for rows that fit a block but fill it partly (the rule's own test above):
-    the reloading pass and the held rows, against float64, odd widths and row counts among them, a
-    strided dim, and under torch.compile."""
-    widths = [4609, 11008, 14336, 20001] if dtype != torch.float32 else [16385, 20480, 32000]
+def test_softmax_rows_that_fill_a_block_partly_on_the_gpu(launched, dtype):
+    """The designs of rows that fit a block but take another (the rule's own test above): the reloading
+    pass and the held rows, against float64, odd widths and row counts among them, a strided dim, and
+    under torch.compile."""
+    widths = [4609, 11008, 14336, 20001] if dtype != torch.float32 else [11008, 16385, 20480, 32000]
     for n_cols in widths:
         for shape, dim in [((37, n_cols), -1), ((3, n_cols, 2), 1)]:
             launched.clear()
             x = (4 * torch.randn(shape, device="cuda")).to(dtype)
             check_softmax_and_gradient(torch.ops.tk.softmax, x, dim)
-            size = x.element_size()
-            plan = choose_plan(Meta(BACKWARD, x.numel() // n_cols, n_cols, 1, size, size, H200))
-            design = "looped" if isinstance(plan, LoopedPlan) else "lagged"
-            assert isinstance(plan, (LoopedPlan, HeldPlan)), (shape, plan)
-            assert launched[-1] == DESIGN_KERNELS[design][1], (shape, launched)
-    compiled = torch.compile(lambda t: torch.ops.tk.softmax(t, -1), fullgraph=True)
+            meta = Meta(FORWARD, x.numel() // n_cols, n_cols, 1, x.element_size(), x.element_size(), H200)
+            forward, backward = choose_plan(meta), choose_plan(replace(meta, direction=BACKWARD))
+            expected = [DESIGN_KERNELS[_design_name(forward)][0], DESIGN_KERNELS[_design_name(backward)][1]]
+            assert launched == expected, (shape, launched, expected)
+    compiled = torch.compile(lambda t, dim: torch.ops.tk.softmax(t, dim), fullgraph=True)
     check_softmax_and_gradient(compiled, (4 * torch.randn(65, widths[1], device="cuda")).to(dtype), -1)
+
+
+def _design_name(plan) -> str:
+    """The DESIGN_KERNELS key of a plan of rows along the last dim, as this test's plans are."""
+    if isinstance(plan, HeldPlan):
+        return plan.family
+    return "single" if isinstance(plan, BlockPlan) else "looped"
 
 
 @pytest.mark.gpu

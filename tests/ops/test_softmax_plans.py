@@ -71,8 +71,9 @@ def test_every_softmax_plan_covers_its_rows(direction, n_rows, n_cols, inner, si
         assert plan.block_m >= 1 and plan.block_m & (plan.block_m - 1) == 0 and plan.block_m <= max(n_rows, 1)
         assert plan.grid == (cdiv(n_rows, plan.block_m),) and 1 <= plan.warps <= 32
         return
-    if isinstance(plan, LoopedPlan) and fits:  # the backward's reloading pass: one chunk
-        assert _sparse_16bit_backward(meta) and plan.chunk == next_power_of_2(n_cols) and plan.grid == (n_rows,)
+    if isinstance(plan, LoopedPlan) and fits:  # the reloading pass: one chunk
+        assert _sparse_16bit_backward(meta) or _float32_forward_of_16384(meta)
+        assert plan.chunk == next_power_of_2(n_cols) and plan.grid == (n_rows,)
         return
     assert not fits or (isinstance(plan, HeldPlan) and _held_though_it_fits(meta))
     if isinstance(plan, HeldPlan):
@@ -95,6 +96,11 @@ def _sparse_16bit_backward(meta: Meta) -> bool:
     widest = max(meta.input_bytes, meta.output_bytes)
     block = next_power_of_2(meta.n_cols)
     return meta.facts.cuda and meta.direction == BACKWARD and widest == 2 and meta.n_cols * 8 <= 7 * block
+
+
+def _float32_forward_of_16384(meta: Meta) -> bool:
+    float32 = meta.input_bytes == meta.output_bytes == 4
+    return meta.facts.cuda and meta.direction == FORWARD and float32 and next_power_of_2(meta.n_cols) == 16384
 
 
 def _held_though_it_fits(meta: Meta) -> bool:
