@@ -347,9 +347,10 @@ class Tuning:
     # 50-63%, 2 rows on 8 warps at 63-78 one an SM (versions 27 and 28), and **two an SM** at 86-93
     # (version 31: bf16 16384x2048 rms 81 -> 92, layer norm 75 -> 86).  So are those of a 4096-column block:
     # one row a tile on 8 warps, two an SM, against the rule's two rows on 16 warps, one an SM.  H200, bf16,
-    # µs with the L2 flushed, the op's Python path (version 61): layer norm 4095x2560 / 8191x3072 / 8191x4096
-    # 59.5 / 85.4 / 137.5 -> 56.5 / 69.9 / 72.7, RMS norm 43.0 / 56.2 / 63.4 -> 38.3 / 54.1 / 62.5.  Blocks of
-    # 8192 kept the rule: the same change lost 3-6% at 4095x5120, 1000x5120 and 4095x6144 in both ops.
+    # harness medians (version 61; before: the real-shape page of version 59): layer norm 4095x2560 /
+    # 8191x3072 / 8191x4096 48.2 / 84.4 / 86.1 -> 41.3 / 70.3 / 73.1 µs, RMS norm 32.8 / 57.0 / 63.6 -> 30.2 /
+    # 54.5 / 61.7.  Blocks of 8192 kept the rule: the same change lost 3-6% at 4095x5120, 1000x5120 and
+    # 4095x6144 in both ops (a probe).
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 2048, tile=4096, programs_per_sm=2),
         TileException(2, 4096, tile=4096, programs_per_sm=2),
