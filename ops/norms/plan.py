@@ -150,14 +150,15 @@ class HeldSetups:
 
 @dataclass(frozen=True)
 class TileException:
-    """A short-row backward tile the byte rule does not give: rows of a `block_n`-lane block whose
-    widest input has `element_size`-byte elements take tiles of `tile` elements, `programs_per_sm`
-    programs an SM."""
+    """A short-row backward tile the byte rule does not give: at least `min_rows` rows of a
+    `block_n`-lane block whose widest input has `element_size`-byte elements take tiles of `tile`
+    elements, `programs_per_sm` programs an SM."""
 
     element_size: int
     block_n: int
     tile: int
     programs_per_sm: int
+    min_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -349,11 +350,13 @@ class Tuning:
     # one row a tile on 8 warps, two an SM, against the rule's two rows on 16 warps, one an SM.  H200, bf16,
     # harness medians (version 61; before: the real-shape page of version 59): layer norm 4095x2560 /
     # 8191x3072 / 8191x4096 48.2 / 84.4 / 86.1 -> 41.3 / 70.3 / 73.1 µs, RMS norm 32.8 / 57.0 / 63.6 -> 30.2 /
-    # 54.5 / 61.7.  Blocks of 8192 kept the rule: the same change lost 3-6% at 4095x5120, 1000x5120 and
+    # 54.5 / 61.7.  With few rows it lost: 1000x3584 16.3 -> 18.0 µs (layer norm; RMS norm 11.6 -> 12.7, CUDA
+    # graphs), so it starts at 2048 rows, between the 1000 that lost and the 4095 that won (not measured
+    # between).  Blocks of 8192 kept the rule: the same change lost 3-6% at 4095x5120, 1000x5120 and
     # 4095x6144 in both ops (a probe).
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 2048, tile=4096, programs_per_sm=2),
-        TileException(2, 4096, tile=4096, programs_per_sm=2),
+        TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048),
     )
 
     # Backward rows past max_block_backward held on chip across programs, by the first setup of
@@ -798,7 +801,7 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     block_n = next_power_of_2(meta.n_cols)
     tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm
     for exception in tuning.backward_exceptions:
-        if (exception.element_size, exception.block_n) == (widest, block_n):
+        if (exception.element_size, exception.block_n) == (widest, block_n) and n_rows >= exception.min_rows:
             tile, per_sm = exception.tile, exception.programs_per_sm
             break
     block_m = rows_in_tile(n_rows, block_n, tile)

@@ -1601,14 +1601,15 @@ def _named(op, n_cols, dtype):
 @pytest.mark.parametrize("widest", [2, 4, 8])
 def test_the_short_row_backward_tile_rule(widest, sms):
     """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
-    SM; the 2048- and 4096-column 16-bit exceptions take half that, two an SM.  With fewer tiles than
-    programs the tile is halved, not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
+    SM; the 2048-column 16-bit exception, and the 4096-column one from 2048 rows, take half that, two an
+    SM.  With fewer tiles than programs the tile is halved, not below 8 KB.  A tile of at most
+    load_ahead_bytes loads ahead."""
     for n_rows in [1, 3, 100, 1000, 1 << 20]:
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
             meta = h100_meta(n_rows, n_cols, widest, sm_count=sms)
             block_m, block_n, warps, per_sm = backward_tile(meta)
             assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
-            exception = widest == 2 and block_n in (2048, 4096)
+            exception = widest == 2 and (block_n == 2048 or (block_n == 4096 and n_rows >= 2048))
             tile_bytes = 8192 if exception else 16384
             assert per_sm == (2 if exception else 1)
             assert block_m == 1 or block_m * block_n * widest <= tile_bytes
@@ -1626,7 +1627,8 @@ def test_the_short_row_backward_tile_rule(widest, sms):
                 continue
             assert (plan.block_m, plan.block_n, plan.warps) == (block_m, block_n, warps)
             assert plan.load_ahead == (block_m * block_n * widest <= 16384)
-    cases = [(1 << 20, 4096, 2), (1 << 20, 4096, 4), (1 << 20, 2048, 2), (1 << 20, 8192, 4), (1024, 1024, 2), (1024, 1024, 4)]
+    cases = [(1 << 20, 4096, 2), (1 << 20, 4096, 4), (1 << 20, 2048, 2), (1 << 20, 8192, 4), (1024, 1024, 2), (1024, 1024, 4),
+             (2047, 3584, 2), (2048, 3584, 2)]  # fmt: skip
     plans = [choose_backward_plan(h100_meta(n_rows, n_cols, widest)) for n_rows, n_cols, widest in cases]
     assert [(p.block_m, p.block_n, p.warps, p.grid) for p in plans] == [
         (1, 4096, 8, (264,)),  # two an SM
@@ -1635,8 +1637,10 @@ def test_the_short_row_backward_tile_rule(widest, sms):
         (1, 8192, 32, (132,)),
         (4, 1024, 8, (128,)),  # 128 tiles of 8 rows: halved to 256 of 4; programs of at least 8 rows
         (4, 1024, 16, (128,)),  # 256 tiles of 4 rows
+        (2, 4096, 16, (132,)),  # too few rows for the 4096-column exception: the rule's tile
+        (1, 4096, 8, (256,)),  # the exception, two an SM: 264 programs wanted, programs of at least 8 rows
     ]
-    assert [p.load_ahead for p in plans] == [True, True, True, False, True, True]  # float32 8192: after the store
+    assert [p.load_ahead for p in plans] == [True, True, True, False, True, True, True, True]  # float32 8192: after the store
 
 
 # ------------------------------------------------------------ PyTorch side
