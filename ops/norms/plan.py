@@ -352,7 +352,7 @@ class Tuning:
     # 8191x3072 / 8191x4096 48.2 / 84.4 / 86.1 -> 41.3 / 70.3 / 73.1 µs, RMS norm 32.8 / 57.0 / 63.6 -> 30.2 /
     # 54.5 / 61.7.  With few rows it lost: 1000x3584 16.3 -> 18.0 µs (layer norm; RMS norm 11.6 -> 12.7, CUDA
     # graphs), so it starts at 2048 rows, between the 1000 that lost and the 4095 that won (not measured
-    # between).  Blocks of 8192 kept the rule: the same change lost 3-6% at 4095x5120, 1000x5120 and
+    # between).  Blocks of 8192 kept the rule: the same change lost 3-8% at 4095x5120, 1000x5120 and
     # 4095x6144 in both ops (a probe).
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 2048, tile=4096, programs_per_sm=2),

@@ -169,7 +169,8 @@ def softmax_forward_kernel(
 
 @triton.jit
 def softmax_forward_online_kernel(x_ptr, y_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr):
-    """Rows longer than a block: online max and sum, then a second pass to write."""
+    """A row a program, chunk by chunk: online max and sum, then a second pass to write.  Rows longer
+    than a block, and float32 rows of one chunk where a block's registers cost more (plan.py)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     row_max, row_sum = _online_max_sum(x_ptr, start, 0, n_cols, inner, BLOCK_SIZE)
@@ -218,7 +219,8 @@ def softmax_backward_kernel(
 def softmax_backward_looped_kernel(
     dy_ptr, y_ptr, dx_ptr, n_cols, inner, BLOCK_SIZE: tl.constexpr, COL_MULTIPLE: tl.constexpr
 ):
-    """Rows longer than a block: one pass for sum(dy * y), one to write dx."""
+    """A row a program, chunk by chunk: one pass for sum(dy * y), one to write dx.  Rows longer than a
+    block, and 16-bit rows of one chunk that fill it partly (plan.py)."""
     n_cols = known_multiple(n_cols, COL_MULTIPLE)
     start = _row_start(tl.program_id(0).to(tl.int64), n_cols, inner)
     dot = _dot(dy_ptr, y_ptr, start, 0, n_cols, inner, BLOCK_SIZE)

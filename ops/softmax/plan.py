@@ -83,8 +83,8 @@ class Tuning:
     #   for the dot and again (from L1 / L2) for dx (a LoopedPlan of one chunk, the reloading pass)
     #   keeps no row across the reduction: 93 / 94 / 100 / 99 at 8 warps for blocks of 16384; 4095x5120
     #   and 8191x4608 (blocks of 8192) 104 / 99 at 16 warps, where the block ran 94 / 88 (4095x7168, 7/8
-    #   of its block: 102 against 103).  Other warps ran 2-25 points slower.  Fuller rows: the block.
-    backward_sparse_fill: float = 7 / 8
+    #   of its block: 102 against 103).  Other warps ran 2-26 points slower.  Fuller rows: the block.
+    backward_sparse_fill: tuple[int, int] = (7, 8)  # at most 7/8, compared in integers
     backward_reload_warps: tuple[tuple[int, int], ...] = ((8192, 16), (16384, 8))  # (block, warps)
     # - 16-bit rows of such a block of 32768 (4095x18432 / 20480) ran 85 / 85 as a block, 72 / 72
     #   reloading; held in segments of 2048 on 2 warps, 8 programs an SM, 95 / 92 (backward_16bit's
@@ -93,9 +93,10 @@ class Tuning:
     backward_sparse_held_block: int = 32768
     # The float32 forward's block of 16384 (x and y float32) ran at 72 / 81 / 85% of copy at 4095x11008 /
     # 13824 / 4096x16384, the reloading pass (an online max and sum, then the row read again) at 16 warps
-    # 90 / 97 / 93 (8 warps within a point; Liger-Kernel's block 99 / 97 / 96).  Blocks of 8192 and 32768
+    # 90 / 97 / 93 (8 warps 0-2 points below; Liger-Kernel's block 99 / 97 / 96).  Blocks of 8192 and 32768
     # kept the block: 97-99% at 4095x5120 and 8191x4608, 88 / 98 at 20480 / 32000 against 80 / 93
-    # reloaded.  16-bit forwards kept it everywhere (81-92%, level with Liger's) (perf-notes version 61).
+    # reloaded.  16-bit forwards kept it: 81-92% up to blocks of 16384, level with Liger's; at 4095x20480 /
+    # 32000 (blocks of 32768) 59 / 78, Liger's 57 / 76, reloading 48 / 68, held 32 / 35 (perf-notes 61).
     forward_float32_reload_warps: tuple[tuple[int, int], ...] = ((16384, 16),)  # (block, warps)
     backward_16bit_sparse: HeldDesign = HeldDesign(LAGGED, HeldSetup(2048, 2, 128, 8))
     # Short rows are stacked into tiles of at most this many elements; a row at least this long
@@ -330,14 +331,12 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     rows = Rows(meta.n_rows, meta.n_cols, meta.inner, column_multiple(meta.n_cols))
     block = next_power_of_2(meta.n_cols)
     if _in_one_block(meta, block, tuning):
-        reload_warps = _reload_warps(meta, block, tuning)
-        if reload_warps:
-            return LoopedPlan(meta.direction, rows, block, reload_warps)
-        block_m = _rows_per_program(meta, block, tuning)
-        return BlockPlan(meta.direction, rows, block_m, block, warps_for(block_m * block))
+        return _one_program_a_row(meta, rows, block, tuning)
     held = _held_plan(meta, rows, tuning)
     if held is not None:
         return held
+    if cuda and block <= tuning.max_block:  # held first where it fits (_in_one_block's exceptions), else the block
+        return _one_program_a_row(meta, rows, block, tuning)
     chunk = tuning.chunk if cuda else tuning.cpu_chunk
     n_segments, segment_len = _split(meta, chunk, tuning)
     if n_segments == 1:
@@ -346,13 +345,24 @@ def choose_plan(meta: Meta, tuning: Tuning = TUNING) -> Plan:
     return SplitPlan(meta.direction, rows, n_segments, segment_len, chunk, warps, segments_block)
 
 
+def _one_program_a_row(meta: Meta, rows: Rows, block: int, tuning: Tuning) -> Plan:
+    """Rows in one block each: the reloading pass where the rule names it, else tiles of whole rows."""
+    reload_warps = _reload_warps(meta, block, tuning)
+    if reload_warps:
+        return LoopedPlan(meta.direction, rows, block, reload_warps)
+    block_m = _rows_per_program(meta, block, tuning)
+    return BlockPlan(meta.direction, rows, block_m, block, warps_for(block_m * block))
+
+
 def _in_one_block(meta: Meta, block: int, tuning: Tuning) -> bool:
-    """Whether a row's `block` (its length up to a power of two) is reduced by one program on its own:
-    the block kernel, or the backward's reloading pass (see Tuning.backward_float32_max_block)."""
+    """Whether a row's `block` (its length up to a power of two) is reduced by one program on its own,
+    before held rows are tried: the block kernel, or the reloading pass (a LoopedPlan of one chunk).
+    The backward's float32 rows past backward_float32_max_block and sparse 16-bit rows of
+    backward_sparse_held_block are held first."""
     if not meta.facts.cuda:
         return block <= tuning.cpu_max_block
     if meta.direction == BACKWARD and meta.widest == 4:
-        return block <= tuning.backward_float32_max_block
+        return block <= min(tuning.backward_float32_max_block, tuning.max_block)
     if _held_sparse(meta, block, tuning):
         return False
     return block <= tuning.max_block
@@ -370,7 +380,7 @@ def _sparse_16bit_backward(meta: Meta, block: int, tuning: Tuning) -> bool:
         meta.facts.cuda
         and meta.direction == BACKWARD
         and meta.widest == 2
-        and meta.n_cols <= tuning.backward_sparse_fill * block
+        and meta.n_cols * tuning.backward_sparse_fill[1] <= tuning.backward_sparse_fill[0] * block
     )
 
 

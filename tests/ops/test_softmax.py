@@ -693,8 +693,11 @@ def test_softmax_backward_rule_by_block_fill():
     assert design(11008, 8) == ("block", 32)  # float64: no held design, and its block was never measured
     cpu = choose_plan(Meta(BACKWARD, 4095, 11008, 1, 2, 2, INTERPRETER))
     assert isinstance(cpu, BlockPlan)  # the interpreter keeps its own rule
-    held_off = choose_plan(Meta(BACKWARD, 4095, 20480, 1, 2, 2, H200), replace(TUNING, held_rows=False))
-    assert isinstance(held_off, LoopedPlan) and held_off.chunk == TUNING.chunk  # read twice, chunk by chunk
+    held_off = replace(TUNING, held_rows=False)  # or a grid too small to hold the row: the block, not read twice
+    for n_cols, size in ((20480, 2), (20480, 4)):
+        assert isinstance(choose_plan(Meta(BACKWARD, 4095, n_cols, 1, size, size, H200), held_off), BlockPlan)
+    one_sm = replace(H200, sm_count=1)  # 8 programs of 2048 columns at once: a row of 10 segments does not fit
+    assert isinstance(choose_plan(Meta(BACKWARD, 4095, 20480, 1, 2, 2, one_sm)), BlockPlan)
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ from plan_strategies import DEVICES, ELEMENT_SIZES, row_counts, row_lengths
 
 from ops.blocks.alignment import frame_run
 from ops.blocks.sizes import cdiv, next_power_of_2
+from ops.runtime import H100
 from ops.softmax.plan import (
     BACKWARD,
     FORWARD,
@@ -30,7 +31,11 @@ from ops.softmax.plan import (
 )
 
 # and rows past a block of whole 16-element runs: the Gluon kernels' rows
-N_COLS = st.one_of(row_lengths(1, 22, segments=(2048, 4096, 8192)), st.integers(2049, 1 << 18).map(lambda k: 16 * k))
+N_COLS = st.one_of(
+    row_lengths(1, 22, segments=(2048, 4096, 8192)),
+    st.integers(2049, 1 << 18).map(lambda k: 16 * k),
+    st.sampled_from([7168, 7169, 14336, 14337, 16384, 16385, 28672, 28673]),  # each side of the block-fill rules
+)
 N_ROWS = row_counts(1)
 SETTINGS = settings(max_examples=800, derandomize=True, database=None, deadline=None)
 
@@ -55,7 +60,7 @@ def _programs(plan: HeldPlan, facts) -> int:
     n_cols=N_COLS,
     inner=st.sampled_from([1, 1, 1, 3, 64]),
     sizes=ELEMENT_SIZES,
-    facts=DEVICES,
+    facts=st.one_of(DEVICES, st.just(dataclasses.replace(H100, sm_count=1))),  # a grid too small to hold some rows
     context=st.fixed_dictionaries(  # mostly True: the Gluon kernels need all of eager, aligned and gluon
         {name: st.sampled_from([True, True, True, False]) for name in ("eager", "aligned", "overlap_fill", "gluon")}
     ),
@@ -68,6 +73,8 @@ def test_every_softmax_plan_covers_its_rows(direction, n_rows, n_cols, inner, si
     fits = _fits_a_block(meta)
     if isinstance(plan, BlockPlan):
         assert fits and plan.block_n == next_power_of_2(n_cols)
+        assert not (_sparse_16bit_backward(meta) and plan.block_n in (8192, 16384))  # those take the reloading pass
+        assert not _float32_forward_of_16384(meta)
         assert plan.block_m >= 1 and plan.block_m & (plan.block_m - 1) == 0 and plan.block_m <= max(n_rows, 1)
         assert plan.grid == (cdiv(n_rows, plan.block_m),) and 1 <= plan.warps <= 32
         return
