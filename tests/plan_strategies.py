@@ -12,9 +12,16 @@ NAMED_WIDTHS = [768, 1024, 2048, 2560, 3584, 4096, 5120, 8192, 11008, 14336, 320
 NAMED_WIDTHS += [151936, 256000]
 NAMED_WIDTHS += [1001, 3001, 4095, 5001, 7001, 8191, 20001, 70001]
 
-# An H100, the same with few SMs (held grids that fit few rows), an Ampere part (no Gluon), the interpreter.
+# An H100, the same with few SMs (held grids that fit few rows) and with one (grids too small to hold some
+# rows at all), an Ampere part (no Gluon), the interpreter.
 DEVICES = st.sampled_from(
-    [H100, dataclasses.replace(H100, sm_count=8), dataclasses.replace(H100, capability=(8, 0)), INTERPRETER]
+    [
+        H100,
+        dataclasses.replace(H100, sm_count=8),
+        dataclasses.replace(H100, sm_count=1),
+        dataclasses.replace(H100, capability=(8, 0)),
+        INTERPRETER,
+    ]
 )
 
 # (input, output) element sizes: a 16-bit input may come with a float32 output or gradient.
