@@ -10,8 +10,7 @@ kernel a call it was not written for.
 
 import dataclasses
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from plan_strategies import DEVICES, ELEMENT_SIZES, row_counts, row_lengths
 
 from ops.blocks.alignment import frame_run
