@@ -653,7 +653,7 @@ def test_softmax_held_rule():
     assert (ahead.stages, ahead.full) == (3, True) and h100_plan(64, (1 << 20) + 16, **eager_aligned).full is False
 
 
-def test_softmax_backward_rule_by_block_fill():
+def test_softmax_rule_by_block_fill():
     """Rows that fit a block, on a GPU (Tuning.backward_float32_max_block, backward_sparse_fill,
     forward_float32_reload_warps): backward float32 rows past 16384 columns held in segments of 2048;
     backward 16-bit rows that fill at most 7/8 of a block of 8192 or 16384 reloaded, one chunk of the
