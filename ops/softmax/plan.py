@@ -388,10 +388,15 @@ def _reload_warps(meta: Meta, block: int, tuning: Tuning) -> int:
     """The warps of the reloading pass for this row (a LoopedPlan of one chunk), 0 where it takes none."""
     if meta.direction == FORWARD:
         float32 = meta.facts.cuda and meta.input_bytes == meta.output_bytes == 4
-        return dict(tuning.forward_float32_reload_warps).get(block, 0) if float32 else 0
+        return _warps_at(tuning.forward_float32_reload_warps, block) if float32 else 0
     if not _sparse_16bit_backward(meta, block, tuning):
         return 0
-    return dict(tuning.backward_reload_warps).get(block, 0)
+    return _warps_at(tuning.backward_reload_warps, block)
+
+
+def _warps_at(block_warps: tuple[tuple[int, int], ...], block: int) -> int:
+    """The warps a (block, warps) table gives `block`, 0 where it names none."""
+    return next((warps for named, warps in block_warps if named == block), 0)
 
 
 def _target_programs(facts: DeviceFacts, tuning: Tuning) -> int:
