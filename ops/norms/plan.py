@@ -353,8 +353,15 @@ class Tuning:
     # 54.5 / 61.7.  With few rows it lost: 1000x3584 16.3 -> 18.0 µs (layer norm; RMS norm 11.6 -> 12.7, CUDA
     # graphs), so it starts at 2048 rows, between the 1000 that lost and the 4095 that won (not measured
     # between).  Blocks of 8192 kept the rule: the same change lost 3-8% at 4095x5120, 1000x5120 and
-    # 4095x6144 in both ops (a probe).
+    # 4095x6144 in both ops (a probe).  16-bit rows of a 1024-column block (GPT-2's 768, and every hidden
+    # size from 513 to 1024) take two rows a tile on 4 warps, four an SM, against the rule's eight
+    # rows on 16 warps, one an SM: CUDA-graph times, H200, bf16 (version 62), layer norm 4095x768 / 8191x768 /
+    # 16383x768 / 1000x768 / 4095x1024 22.9 / 32.8 / 54.6 / 9.0 / 23.0 -> 12.9 / 20.8 / 36.4 / 8.2 / 13.1 µs
+    # (PyTorch's native backward 22.0 / 43.5 / 97.4 / 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 ->
+    # 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same tile, four on one row, one on four rows: each
+    # slower than this at every shape but 1000 rows (a tie).
     backward_exceptions: tuple[TileException, ...] = (
+        TileException(2, 1024, tile=2048, programs_per_sm=4),
         TileException(2, 2048, tile=4096, programs_per_sm=2),
         TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048),
     )

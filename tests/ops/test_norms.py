@@ -1602,16 +1602,16 @@ def _named(op, n_cols, dtype):
 def test_the_short_row_backward_tile_rule(widest, sms):
     """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
     SM; the 2048-column 16-bit exception, and the 4096-column one from 2048 rows, take half that, two an
-    SM.  With fewer tiles than programs the tile is halved, not below 8 KB.  A tile of at most
-    load_ahead_bytes loads ahead."""
+    SM, and the 1024-column one a quarter, four an SM.  With fewer tiles than programs the tile is halved,
+    not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
     for n_rows in [1, 3, 100, 1000, 1 << 20]:
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
             meta = h100_meta(n_rows, n_cols, widest, sm_count=sms)
             block_m, block_n, warps, per_sm = backward_tile(meta)
             assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
-            exception = widest == 2 and (block_n == 2048 or (block_n == 4096 and n_rows >= 2048))
-            tile_bytes = 8192 if exception else 16384
-            assert per_sm == (2 if exception else 1)
+            exception = widest == 2 and (block_n in (1024, 2048) or (block_n == 4096 and n_rows >= 2048))
+            tile_bytes = (4096 if block_n == 1024 else 8192) if exception else 16384
+            assert per_sm == ((4 if block_n == 1024 else 2) if exception else 1)
             assert block_m == 1 or block_m * block_n * widest <= tile_bytes
             assert block_m < 2 * n_rows  # no tile of padding rows only
             rule = max(1, min(tile_bytes // (block_n * widest), 1 << (n_rows - 1).bit_length()))
@@ -1635,7 +1635,7 @@ def test_the_short_row_backward_tile_rule(widest, sms):
         (1, 4096, 16, (132,)),
         (2, 2048, 8, (264,)),  # two an SM
         (1, 8192, 32, (132,)),
-        (4, 1024, 8, (128,)),  # 128 tiles of 8 rows: halved to 256 of 4; programs of at least 8 rows
+        (2, 1024, 4, (128,)),  # the 1024-column exception: 512 tiles of 2 rows; programs of at least 8 rows
         (4, 1024, 16, (128,)),  # 256 tiles of 4 rows
         (2, 4096, 16, (132,)),  # too few rows for the 4096-column exception: the rule's tile
         (1, 4096, 8, (256,)),  # the exception, two an SM: 264 programs wanted, programs of at least 8 rows
