@@ -152,13 +152,20 @@ class HeldSetups:
 class TileException:
     """A short-row backward tile the byte rule does not give: at least `min_rows` rows of a
     `block_n`-lane block whose widest input has `element_size`-byte elements take tiles of `tile`
-    elements, `programs_per_sm` programs an SM."""
+    elements, `programs_per_sm` programs an SM; layer norm's only (`centered` True), RMS norm's only
+    (False) or both (None).  The first exception that matches a call is taken."""
 
     element_size: int
     block_n: int
     tile: int
     programs_per_sm: int
     min_rows: int = 0
+    centered: bool | None = None
+
+    def takes(self, centered: bool, element_size: int, block_n: int, n_rows: int) -> bool:
+        """Whether a backward of `n_rows` rows in `block_n`-lane blocks takes this tile."""
+        op = self.centered is None or self.centered == centered
+        return op and (self.element_size, self.block_n) == (element_size, block_n) and n_rows >= self.min_rows
 
 
 @dataclass(frozen=True)
@@ -359,9 +366,20 @@ class Tuning:
     # 16383x768 / 1000x768 / 4095x1024 22.9 / 32.8 / 54.6 / 9.0 / 23.0 -> 12.9 / 20.8 / 36.4 / 8.2 / 13.1 µs
     # (PyTorch's native backward 22.0 / 43.5 / 97.4 / 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 ->
     # 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same tile, four on one row, one on four rows: each
-    # slower than this at every shape but 1000 rows (a tie).
+    # slower than this at every shape but 1000 rows (a tie).  Float32 rows of a 1024-column block the same way:
+    # one row a tile on 4 warps, four an SM, against the rule's four rows on 16 warps, from 2048 rows: layer norm
+    # 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 -> 15.4 / 32.2 / 14.7 µs (PyTorch 23.5 / 61.7 / 20.4),
+    # RMS norm 12.1 / 30.4 / 10.8 -> 10.1 / 29.9 / 9.7; level at 2047x896; with fewer rows it lost (1000x768 /
+    # 1500x768 layer norm 9.1 / 11.0 -> 11.3 / 12.9, RMS norm 6.3 / 7.3 -> 7.2 / 8.1), where the 16-bit tile
+    # still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one (version 62b).  At blocks of
+    # 4096 and 8192 the 16-bit tiles here and the rule stayed ahead of one row four an SM; at 2048 so did RMS
+    # norm's (by 1-2%), but layer norm's many rows gained: 8191x1600 / 4095x2048 39.7 / 24.4 -> 33.4 / 21.9 µs
+    # (PyTorch 65.8 / 35.9), where 1000x1280 lost 10.1 -> 12.6 (version 62b).  So layer norm's 16-bit rows of a
+    # 2048-column block take one row four an SM from 2048 rows.
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 1024, tile=2048, programs_per_sm=4),
+        TileException(4, 1024, tile=1024, programs_per_sm=4, min_rows=2048),
+        TileException(2, 2048, tile=2048, programs_per_sm=4, min_rows=2048, centered=True),
         TileException(2, 2048, tile=4096, programs_per_sm=2),
         TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048),
     )
@@ -808,7 +826,7 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     block_n = next_power_of_2(meta.n_cols)
     tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm
     for exception in tuning.backward_exceptions:
-        if (exception.element_size, exception.block_n) == (widest, block_n) and n_rows >= exception.min_rows:
+        if exception.takes(meta.centered, widest, block_n, n_rows):
             tile, per_sm = exception.tile, exception.programs_per_sm
             break
     block_m = rows_in_tile(n_rows, block_n, tile)

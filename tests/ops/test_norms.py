@@ -831,9 +831,10 @@ def test_the_design_rules():
             assert block_n >= n_cols and block_n & (block_n - 1) == 0 and block_m & (block_m - 1) == 0
             assert block_m == 1 or block_m * block_n <= TUNING.tile.cuda
             assert block_m < 2 * n_rows  # no tile of padding rows only
-            plan = choose_backward_plan(h100_meta(n_rows, n_cols), two_sweeps)
-            if plan.design == SHORT_ROWS:
-                work_items, target = -(-n_rows // plan.block_m), 132
+            meta = h100_meta(n_rows, n_cols)
+            plan = choose_backward_plan(meta, two_sweeps)
+            if plan.design == SHORT_ROWS:  # programs_per_sm of them an SM (four for a 1024-column exception)
+                work_items, target = -(-n_rows // plan.block_m), backward_tile(meta)[3] * 132
             else:
                 assert plan.design == LONG_ROWS and n_cols > TUNING.max_block_backward.cuda
                 target = TUNING.programs_per_sm * 132
@@ -842,7 +843,8 @@ def test_the_design_rules():
             assert plan.partial_rows == 1 or n_rows / plan.partial_rows >= TUNING.min_rows_per_program
     # big inputs fill every SM: the short-row backward one program an SM (a program loading ahead
     # holds its registers), the two sweeps' (row group, chunk) programs two
-    assert choose_backward_plan(h100_meta(1 << 20, 1024)).grid == (132,)
+    assert choose_backward_plan(h100_meta(1 << 20, 2048)).grid == (132,)
+    assert choose_backward_plan(h100_meta(1 << 20, 1024)).grid == (528,)  # the float32 1024-column exception
     plan = choose_backward_plan(h100_meta(1 << 20, 16384), two_sweeps)
     assert plan.design == LONG_ROWS and plan.grid == (66, 4)
     # the two sweeps' statistics: per-lane sums on 8 warps over chunks of 2048 (Tuning.statistics_chunk); the
@@ -1597,21 +1599,33 @@ def _named(op, n_cols, dtype):
     return choose_forward_plan(meta).design == FRAMED_ROWS
 
 
+def _layer_norm_backward_tile(widest, block_n, n_rows):
+    """(tile bytes, programs an SM) of layer norm's short-row backward on the GPU: 16 KB, one an SM, but for
+    Tuning.backward_exceptions: 16-bit rows of a 1024-column block a quarter, four an SM; of a 2048-column
+    block a quarter, four an SM, from 2048 rows (layer norm's only), else half, two an SM; of a 4096-column
+    block half, two an SM, from 2048 rows; float32 rows of a 1024-column block a quarter, four an SM, from
+    2048 rows."""
+    many = n_rows >= 2048
+    if (widest, block_n) == (2, 1024) or (widest, block_n, many) in ((2, 2048, True), (4, 1024, True)):
+        return 4096, 4
+    if (widest, block_n) == (2, 2048) or (widest, block_n, many) == (2, 4096, True):
+        return 8192, 2
+    return 16384, 1
+
+
 @pytest.mark.parametrize("sms", [0, 132])
 @pytest.mark.parametrize("widest", [2, 4, 8])
 def test_the_short_row_backward_tile_rule(widest, sms):
     """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
-    SM; the 2048-column 16-bit exception, and the 4096-column one from 2048 rows, take half that, two an
-    SM, and the 1024-column one a quarter, four an SM.  With fewer tiles than programs the tile is halved,
-    not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
+    SM, but for the exceptions (_layer_norm_backward_tile).  With fewer tiles than programs the tile is
+    halved, not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
     for n_rows in [1, 3, 100, 1000, 1 << 20]:
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
             meta = h100_meta(n_rows, n_cols, widest, sm_count=sms)
             block_m, block_n, warps, per_sm = backward_tile(meta)
             assert block_n == 1 << (n_cols - 1).bit_length() and block_m & (block_m - 1) == 0
-            exception = widest == 2 and (block_n in (1024, 2048) or (block_n == 4096 and n_rows >= 2048))
-            tile_bytes = (4096 if block_n == 1024 else 8192) if exception else 16384
-            assert per_sm == ((4 if block_n == 1024 else 2) if exception else 1)
+            tile_bytes, programs_per_sm = _layer_norm_backward_tile(widest, block_n, n_rows)
+            assert per_sm == programs_per_sm
             assert block_m == 1 or block_m * block_n * widest <= tile_bytes
             assert block_m < 2 * n_rows  # no tile of padding rows only
             rule = max(1, min(tile_bytes // (block_n * widest), 1 << (n_rows - 1).bit_length()))
@@ -1633,14 +1647,16 @@ def test_the_short_row_backward_tile_rule(widest, sms):
     assert [(p.block_m, p.block_n, p.warps, p.grid) for p in plans] == [
         (1, 4096, 8, (264,)),  # two an SM
         (1, 4096, 16, (132,)),
-        (2, 2048, 8, (264,)),  # two an SM
+        (1, 2048, 4, (528,)),  # layer norm's 2048-column exception: one row, four an SM
         (1, 8192, 32, (132,)),
         (2, 1024, 4, (128,)),  # the 1024-column exception: 512 tiles of 2 rows; programs of at least 8 rows
-        (4, 1024, 16, (128,)),  # 256 tiles of 4 rows
+        (4, 1024, 16, (128,)),  # 256 tiles of 4 rows: too few rows for the float32 1024-column exception
         (2, 4096, 16, (132,)),  # too few rows for the 4096-column exception: the rule's tile
         (1, 4096, 8, (256,)),  # the exception, two an SM: 264 programs wanted, programs of at least 8 rows
     ]
     assert [p.load_ahead for p in plans] == [True, True, True, False, True, True, True, True]  # float32 8192: after the store
+    rms = choose_backward_plan(h100_meta(1 << 20, 2048, 2, centered=False))
+    assert (rms.block_m, rms.block_n, rms.warps, rms.grid) == (2, 2048, 8, (264,))  # RMS norm: two rows, two an SM
 
 
 # ------------------------------------------------------------ PyTorch side
