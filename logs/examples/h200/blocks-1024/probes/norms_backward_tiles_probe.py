@@ -39,7 +39,11 @@ def with_tile(size, block, tile, per_sm, tuning=TUNING):
 def calls(op, rows, cols, dtype):
     """(the backward under a tuning, PyTorch's layer norm backward or None, the call's Meta)."""
     x = torch.randn(rows, cols, device="cuda", dtype=dtype)
-    dy, w, b = torch.randn_like(x), torch.randn(cols, device="cuda", dtype=dtype), torch.randn(cols, device="cuda", dtype=dtype)
+    dy, w, b = (
+        torch.randn_like(x),
+        torch.randn(cols, device="cuda", dtype=dtype),
+        torch.randn(cols, device="cuda", dtype=dtype),
+    )
     meta = describe_backward(op == "layer_norm", dy, x, cols)
     if op == "rms_norm":
         return lambda t: run_direct(rms_norm.backward, (dy, x, w, 1e-6, True), {"tuning": t}), None, meta
@@ -66,9 +70,19 @@ def median(v):
 
 def probe_1024():
     variants = {"plan": TUNING}
-    variants.update({f"t{t}x{p}": with_tile(2, 1024, t, p) for t, p in ((2048, 2), (4096, 2), (2048, 4), (1024, 4), (4096, 1))})
+    variants.update(
+        {f"t{t}x{p}": with_tile(2, 1024, t, p) for t, p in ((2048, 2), (4096, 2), (2048, 4), (1024, 4), (4096, 1))}
+    )
     for op in ("layer_norm", "rms_norm"):
-        for rows, cols in [(4095, 768), (8191, 768), (1000, 768), (16383, 768), (4095, 1024), (8191, 1024), (2047, 1024)]:
+        for rows, cols in [
+            (4095, 768),
+            (8191, 768),
+            (1000, 768),
+            (16383, 768),
+            (4095, 1024),
+            (8191, 1024),
+            (2047, 1024),
+        ]:
             measure(op, rows, cols, BF16, variants, 3, median)
 
 
@@ -86,7 +100,9 @@ def probe_blocks():
 
 
 def probe_few_rows():
-    rule = dataclasses.replace(TUNING, backward_exceptions=tuple(e for e in TUNING.backward_exceptions if e.block_n != 1024))
+    rule = dataclasses.replace(
+        TUNING, backward_exceptions=tuple(e for e in TUNING.backward_exceptions if e.block_n != 1024)
+    )
     shapes = [(1000, 768, F32), (1500, 768, F32), (2047, 896, F32), (3000, 1024, F32), (4095, 768, F32),
               (1000, 768, BF16), (1500, 1024, BF16), (512, 768, BF16), (512, 768, F32)]  # fmt: skip
     for op in ("layer_norm", "rms_norm"):
