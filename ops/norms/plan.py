@@ -237,7 +237,7 @@ class Tuning:
     # 4096 / 8192 columns (the shapes of framed_max_block's; version 55): layer norm bf16 0.49 / 1.07 /
     # 0.46-0.59 / 0.46-0.69, RMS norm bf16 0.55 / 1.23 / 0.45-0.59 / 0.42-0.58; layer norm float32 1.22 /
     # 1.38 / 0.87-1.33 / 0.73-1.02, RMS norm float32 1.08 / 1.16 / 0.76-1.00 / 0.56-0.66.  The 16-bit tiles
-    # of 2048 columns run two an SM (backward_exceptions) and keep them; blocks under 1024 columns were not
+    # of 2048 columns run two or four an SM (backward_exceptions) and keep them; blocks under 1024 columns were not
     # measured and keep theirs.  Fewer rows: held over the tile at 64x3001 / 256x5001 / 512x2049 / 100x8191
     # 0.21-0.60 in every op and dtype (few rows leave the tile's design few programs: min_rows_per_program),
     # but at 1000x1001 layer norm 1.33 and RMS norm 1.77 (bf16; float32 1.27, 1.27): 1024-column blocks are
@@ -326,11 +326,12 @@ class Tuning:
     # spread over the chunks (the interpreter's: cpu_programs).
     programs_per_sm: int = 2
 
-    # The short-row backward, one program an SM, each loading its next tile during this
-    # tile's math where a tile of the widest input is at most load_ahead_bytes (the
-    # program then holds two tiles: 81-128 registers a thread, so a second program an SM
-    # would only queue behind the first).  A tile is about 16 KB of the widest input, 32
-    # bytes of it a thread: float32 4096 elements on 16 warps, 16-bit 8192 on 16 warps.
+    # The short-row backward, one program an SM (but for backward_exceptions, below), each loading its
+    # next tile during this tile's math where a tile of the widest input is at most load_ahead_bytes (the
+    # program then holds two tiles: 81-128 registers a thread, so a second program an SM of a 16 KB tile
+    # would only queue behind the first; the exceptions' smaller tiles leave room for two or four).  A tile
+    # is about 16 KB of the widest input, 32 bytes of it a thread: float32 4096 elements on 16 warps, 16-bit
+    # 8192 on 16 warps.
     # Float32 tiles of 8192 columns (32 warps at their 64-register limit) spill loading
     # ahead, and load after the store.  H100, layer_norm, % of a same-size copy:
     #   version 27, loading ahead, one an SM (two an SM loading after the store before):
@@ -366,12 +367,13 @@ class Tuning:
     # 16383x768 / 1000x768 / 4095x1024 22.9 / 32.8 / 54.6 / 9.0 / 23.0 -> 12.9 / 20.8 / 36.4 / 8.2 / 13.1 µs
     # (PyTorch's native backward 22.0 / 43.5 / 97.4 / 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 ->
     # 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same tile, four on one row, one on four rows: each
-    # slower than this at every shape but 1000 rows (a tie).  Float32 rows of a 1024-column block the same way:
-    # one row a tile on 4 warps, four an SM, against the rule's four rows on 16 warps, from 2048 rows: layer norm
+    # slower than this at every shape but 1000 and 2047 rows, where two an SM tied.  Float32 rows of a
+    # 1024-column block the same way: one row a tile on 4 warps, four an SM, against the rule's four rows on 16 warps, from 2048 rows: layer norm
     # 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 -> 15.4 / 32.2 / 14.7 µs (PyTorch 23.5 / 61.7 / 20.4),
     # RMS norm 12.1 / 30.4 / 10.8 -> 10.1 / 29.9 / 9.7; level at 2047x896; with fewer rows it lost (1000x768 /
     # 1500x768 layer norm 9.1 / 11.0 -> 11.3 / 12.9, RMS norm 6.3 / 7.3 -> 7.2 / 8.1), where the 16-bit tile
-    # still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one (version 62b).  At blocks of
+    # still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one in layer norm and at 4095x768,
+    # and tied at RMS norm's 8191x1024 (29.4 against 29.9 µs, two an SM; version 62b).  At blocks of
     # 4096 and 8192 the 16-bit tiles here and the rule stayed ahead of one row four an SM; at 2048 so did RMS
     # norm's (by 1-2%), but layer norm's many rows gained: 8191x1600 / 4095x2048 39.7 / 24.4 -> 33.4 / 21.9 µs
     # (PyTorch 65.8 / 35.9), where 1000x1280 lost 10.1 -> 12.6 (version 62b).  So layer norm's 16-bit rows of a
@@ -818,8 +820,8 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     """(BLOCK_M, BLOCK_N, num_warps, programs an SM) of the short-row backward: about
     backward_tile_bytes of the widest input a tile, backward_thread_bytes a thread,
     short_row_programs_per_sm, but for backward_exceptions; halved while the tiles are fewer
-    than the programs the SMs run, not below min_backward_tile_bytes.  The interpreter: the
-    forward's tile, one warp."""
+    than the programs the SMs run, not below min_backward_tile_bytes (the exceptions' tiles of 4 KB
+    are never halved).  The interpreter: the forward's tile, one warp."""
     if not meta.facts.cuda:
         return (*_row_tile(meta, False, tuning)[:2], 1, tuning.short_row_programs_per_sm)
     n_rows, widest = meta.n_rows, meta.widest

@@ -842,7 +842,7 @@ def test_the_design_rules():
             assert 1 <= plan.partial_rows <= min(target, work_items)
             assert plan.partial_rows == 1 or n_rows / plan.partial_rows >= TUNING.min_rows_per_program
     # big inputs fill every SM: the short-row backward one program an SM (a program loading ahead
-    # holds its registers), the two sweeps' (row group, chunk) programs two
+    # holds its registers; the exceptions' small tiles aside), the two sweeps' (row group, chunk) programs two
     assert choose_backward_plan(h100_meta(1 << 20, 2048)).grid == (132,)
     assert choose_backward_plan(h100_meta(1 << 20, 1024)).grid == (528,)  # the float32 1024-column exception
     plan = choose_backward_plan(h100_meta(1 << 20, 16384), two_sweeps)
@@ -1619,7 +1619,7 @@ def test_the_short_row_backward_tile_rule(widest, sms):
     """About 16 KB of the widest input a tile (whole rows), 32 bytes of it a thread, one program an
     SM, but for the exceptions (_layer_norm_backward_tile).  With fewer tiles than programs the tile is
     halved, not below 8 KB.  A tile of at most load_ahead_bytes loads ahead."""
-    for n_rows in [1, 3, 100, 1000, 1 << 20]:
+    for n_rows in [1, 3, 100, 1000, 2047, 2048, 1 << 20]:  # 2047 and 2048: the exceptions' row floors
         for n_cols in [1, 7, 100, 1000, 1536, 2048, 4096, 8192]:
             meta = h100_meta(n_rows, n_cols, widest, sm_count=sms)
             block_m, block_n, warps, per_sm = backward_tile(meta)
