@@ -368,8 +368,9 @@ class Tuning:
     # (PyTorch's native backward 22.0 / 43.5 / 97.4 / 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 ->
     # 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same tile, four on one row, one on four rows: each
     # slower than this at every shape but 1000 and 2047 rows, where two an SM tied.  Float32 rows of a
-    # 1024-column block the same way: one row a tile on 4 warps, four an SM, against the rule's four rows on 16 warps, from 2048 rows: layer norm
-    # 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 -> 15.4 / 32.2 / 14.7 µs (PyTorch 23.5 / 61.7 / 20.4),
+    # 1024-column block the same way: one row a tile on 4 warps, four an SM, against the rule's four rows on
+    # 16 warps, from 2048 rows: layer norm 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 -> 15.4 / 32.2 /
+    # 14.7 µs (PyTorch 23.5 / 61.7 / 20.4),
     # RMS norm 12.1 / 30.4 / 10.8 -> 10.1 / 29.9 / 9.7; level at 2047x896; with fewer rows it lost (1000x768 /
     # 1500x768 layer norm 9.1 / 11.0 -> 11.3 / 12.9, RMS norm 6.3 / 7.3 -> 7.2 / 8.1), where the 16-bit tile
     # still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one in layer norm and at 4095x768,
