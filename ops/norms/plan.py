@@ -361,24 +361,22 @@ class Tuning:
     # 54.5 / 61.7.  With few rows it lost: 1000x3584 16.3 -> 18.0 µs (layer norm; RMS norm 11.6 -> 12.7, CUDA
     # graphs), so it starts at 2048 rows, between the 1000 that lost and the 4095 that won (not measured
     # between).  Blocks of 8192 kept the rule: the same change lost 3-8% at 4095x5120, 1000x5120 and
-    # 4095x6144 in both ops (a probe).  16-bit rows of a 1024-column block (GPT-2's 768, and every hidden
-    # size from 513 to 1024) take two rows a tile on 4 warps, four an SM, against the rule's eight
-    # rows on 16 warps, one an SM: CUDA-graph times, H200, bf16 (version 62), layer norm 4095x768 / 8191x768 /
-    # 16383x768 / 1000x768 / 4095x1024 22.9 / 32.8 / 54.6 / 9.0 / 23.0 -> 12.9 / 20.8 / 36.4 / 8.2 / 13.1 µs
-    # (PyTorch's native backward 22.0 / 43.5 / 97.4 / 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 ->
-    # 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same tile, four on one row, one on four rows: each
-    # slower than this at every shape but 1000 and 2047 rows, where two an SM tied.  Float32 rows of a
-    # 1024-column block the same way: one row a tile on 4 warps, four an SM, against the rule's four rows on
-    # 16 warps, from 2048 rows: layer norm 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 -> 15.4 / 32.2 /
-    # 14.7 µs (PyTorch 23.5 / 61.7 / 20.4),
-    # RMS norm 12.1 / 30.4 / 10.8 -> 10.1 / 29.9 / 9.7; level at 2047x896; with fewer rows it lost (1000x768 /
-    # 1500x768 layer norm 9.1 / 11.0 -> 11.3 / 12.9, RMS norm 6.3 / 7.3 -> 7.2 / 8.1), where the 16-bit tile
-    # still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one in layer norm and at 4095x768,
-    # and tied at RMS norm's 8191x1024 (29.4 against 29.9 µs, two an SM; version 62b).  At blocks of
-    # 4096 and 8192 the 16-bit tiles here and the rule stayed ahead of one row four an SM; at 2048 so did RMS
-    # norm's (by 1-2%), but layer norm's many rows gained: 8191x1600 / 4095x2048 39.7 / 24.4 -> 33.4 / 21.9 µs
-    # (PyTorch 65.8 / 35.9), where 1000x1280 lost 10.1 -> 12.6 (version 62b).  So layer norm's 16-bit rows of a
-    # 2048-column block take one row four an SM from 2048 rows.
+    # 4095x6144 in both ops (a probe).  16-bit rows of a 1024-column block (GPT-2's 768, and every hidden size from 513
+    # to 1024) take two rows a tile on 4 warps, four an SM, against the rule's eight rows on 16 warps, one an SM:
+    # CUDA-graph times, H200, bf16 (version 62), layer norm 4095x768 / 8191x768 / 16383x768 / 1000x768 / 4095x1024 22.9
+    # / 32.8 / 54.6 / 9.0 / 23.0 -> 12.9 / 20.8 / 36.4 / 8.2 / 13.1 µs (PyTorch's native backward 22.0 / 43.5 / 97.4 /
+    # 8.6 / 23.3), RMS norm 13.0 / 18.2 / 31.7 / 6.3 / 13.4 -> 8.8 / 13.3 / 26.4 / 5.8 / 9.1.  Two an SM on the same
+    # tile, four on one row, one on four rows: each slower than this at every shape but 1000 and 2047 rows, where two an
+    # SM tied.  Float32 rows of a 1024-column block the same way: one row a tile on 4 warps, four an SM, against the
+    # rule's four rows on 16 warps, from 2048 rows: layer norm 4095x768 / 8191x1024 / 3000x1024 20.4 / 41.0 / 17.3 ->
+    # 15.4 / 32.2 / 14.7 µs (PyTorch 23.5 / 61.7 / 20.4), RMS norm 12.1 / 30.4 / 10.8 -> 10.1 / 29.9 / 9.7; level at
+    # 2047x896; with fewer rows it lost (1000x768 / 1500x768 layer norm 9.1 / 11.0 -> 11.3 / 12.9, RMS norm 6.3 / 7.3 ->
+    # 7.2 / 8.1), where the 16-bit tile still won (512x768 to 1500x1024).  Two rows, four or two an SM, lost to one in
+    # layer norm and at 4095x768, and tied at RMS norm's 8191x1024 (29.4 against 29.9 µs, two an SM; version 62b).  At
+    # blocks of 4096 and 8192 the 16-bit tiles here and the rule stayed ahead of one row four an SM; at 2048 so did RMS
+    # norm's (by 1-2%), but layer norm's many rows gained: 8191x1600 / 4095x2048 39.7 / 24.4 -> 33.4 / 21.9 µs (PyTorch
+    # 65.8 / 35.9), where 1000x1280 lost 10.1 -> 12.6 (version 62b).  So layer norm's 16-bit rows of a 2048-column block
+    # take one row four an SM from 2048 rows.
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 1024, tile=2048, programs_per_sm=4),
         TileException(4, 1024, tile=1024, programs_per_sm=4, min_rows=2048),
