@@ -551,6 +551,39 @@ def normalize_framed_rows(
 
 
 @triton.jit
+def _add_pairs(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
+def _add_triples(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _backward_row_sums(x, g, mask, n_cols, eps, CENTERED: tl.constexpr, PLAIN: tl.constexpr):
+    """(xhat, rstd, mean(g * xhat), mean(g)) of a tile of whole rows, each (BLOCK_M, 1) but xhat; mean(g) is 0
+    for RMS norm.  After the mean, the three sums a row needs (d^2, g d, g, with d = x - mean) are one
+    reduction: a reduction across a program's warps is a round through shared memory on the row's critical
+    path, and the rounds, not the arithmetic, are what a program's row waits on at hidden sizes.
+    mean(g * xhat) = rstd * sum(g d) / n.  PLAIN: 16-bit rows' plain mean (_row_means, exact on a constant row
+    of at most 2**13 values); else _center's corrected one."""
+    d = x
+    if CENTERED:
+        if PLAIN:
+            d = tl.where(mask, x - _row_means(x, n_cols)[:, None], 0.0)
+        else:
+            d, _ = _center(x, mask, n_cols, 1)
+        sum_dd, sum_gd, sum_g = tl.reduce((d * d, g * d, g), 1, _add_triples)
+        mean_g = sum_g[:, None] / n_cols
+    else:
+        sum_dd, sum_gd = tl.reduce((d * d, g * d), 1, _add_pairs)
+        mean_g = 0.0
+    rstd = _rstd(sum_dd, n_cols, eps)
+    return d * rstd[:, None], rstd, (sum_gd * rstd)[:, None] / n_cols, mean_g
+
+
+@triton.jit
 def _load_tile(ptr, rows, cols, n_rows, n_cols):
     """A (BLOCK_M, BLOCK_N) tile of whole rows as stored (0 past the edges)."""
     return tl.load(ptr + rows * n_cols + cols, mask=(rows < n_rows) & (cols < n_cols), other=0.0)
@@ -561,6 +594,7 @@ def normalize_rows_backward(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
 ):  # fmt: skip
     """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
     it writes dx, and its sums of dy * xhat and dy as row pid of the scratches.
@@ -585,13 +619,18 @@ def normalize_rows_backward(
         mask = (rows < n_rows) & (cols < n_cols)
         x = _widen(x_stored)
         dy = _widen(dy_stored)
-        xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
         g = dy
         if HAS_WEIGHT:
             g = dy * w
-        mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
+        if FUSED_SUMS:
+            xhat, rstd, mean_g_xhat, mean_g = _backward_row_sums(x, g, mask, n_cols, eps, CENTERED, PLAIN)
+        else:
+            xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
+            mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
+            if CENTERED:
+                mean_g = tl.sum(g, axis=1)[:, None] / n_cols
         if CENTERED:
-            dx = (g - tl.sum(g, axis=1)[:, None] / n_cols - xhat * mean_g_xhat) * rstd[:, None]
+            dx = (g - mean_g - xhat * mean_g_xhat) * rstd[:, None]
         else:
             dx = (g - xhat * mean_g_xhat) * rstd[:, None]
         # dx's offsets computed here, not taken from x's load: PyTorch's analysis of which arguments a kernel
@@ -802,10 +841,12 @@ def layer_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
+        True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE, PLAIN,
+        FUSED_SUMS,
     )  # fmt: skip
 
 
@@ -879,10 +920,12 @@ def rms_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
+    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
-        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE,
+        False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE, PLAIN,
+        FUSED_SUMS,
     )  # fmt: skip
 
 

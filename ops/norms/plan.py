@@ -303,6 +303,8 @@ class Tuning:
     # hidden tile, where they load beside x: there 1.03-1.05x faster than late at 4095x2560 / 8191x3072 /
     # 8191x4096 / 16384x4096, while one row of 4096 a program (2000x4096) ran 1.09x faster with them late.
     plain_max_cols: int = 8192
+    backward_plain_max_cols: int = 8192  # PROBE
+    backward_fused_sums: bool = True  # PROBE
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
@@ -612,6 +614,8 @@ class BackwardPlan:
     block_n: int = 0
     warps: int = 1
     load_ahead: bool = False  # SHORT_ROWS: the next tile's loads issued before this tile's math
+    mean: str = CORRECTED_MEAN  # SHORT_ROWS, layer norm: how a tile finds its rows' means (PLAIN_MEAN or CORRECTED_MEAN)
+    fused_sums: bool = True  # PROBE
     frame: int = 0  # LONG_ROWS: rows off 16-byte boundaries read in frames of `frame`-element runs (0: not framed)
     held: Optional[HeldRowsPlan] = None
     column_sum: Optional[ColumnSumPlan] = None
@@ -678,6 +682,7 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
         return BackwardPlan(
             design=SHORT_ROWS, grid=(programs,), partial_rows=programs, block_m=block_m, block_n=block_n, warps=warps,
             load_ahead=block_m * block_n * meta.widest <= tuning.load_ahead_bytes, **common,
+            mean=_backward_tile_mean(meta, tuning), fused_sums=tuning.backward_fused_sums,
         )  # fmt: skip
     chunk = tuning.chunk[kind]
     frame = _frame(meta)
@@ -763,6 +768,13 @@ def _tile_mean(pivoted: bool, n_cols: int, tuning: Tuning) -> str:
     if not pivoted:
         return CORRECTED_MEAN
     return PLAIN_MEAN if n_cols <= tuning.plain_max_cols else PIVOT_MEAN
+
+
+def _backward_tile_mean(meta: Meta, tuning: Tuning) -> str:
+    """How the short-row backward's tiles find their rows' means: 16-bit x by the plain mean up to
+    backward_plain_max_cols columns, the others by the corrected mean (RMS norm takes none)."""
+    plain = meta.centered and meta.x_size == 2 and meta.n_cols <= tuning.backward_plain_max_cols
+    return PLAIN_MEAN if plain else CORRECTED_MEAN
 
 
 def _affine_first(block_n: int, pivoted: bool, tuning: Tuning) -> bool:
