@@ -31,3 +31,25 @@ def assert_publishes_without_release(ptx):
     assert atomics == {"atom.global.gpu.relaxed.exch.b64"}, atomics
     assert "ld.volatile.global.b64" in ptx
     assert not re.search(r"\bfence\.|\.release\b|\.acq_rel\b|membar", ptx)
+
+
+def registers_and_spills(compiled):
+    """(registers a thread, bytes of spill stores) of a kernel built by build_for_hopper, from ptxas -v on its
+    PTX with the ptxas Triton ships."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        ptxas = get_ptxas(90).path  # Triton 3.9 picks the ptxas by architecture
+    except TypeError:
+        ptxas = get_ptxas().path
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = f"{folder}/kernel.ptx"
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", ptx, "-o", f"{folder}/kernel.cubin"], capture_output=True, text=True, check=True
+        ).stderr
+    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores", log).group(1))

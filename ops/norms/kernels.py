@@ -167,8 +167,9 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
     magnitude.  A float32 x - pivot rounds at the pivot's scale, an error of up to
     eps |pivot - mean| / std in xhat, eps sqrt(n) where the pivot is an outlier
     (4e-6 at 8192 columns against _center's 3e-8): float32 and float64 keep
-    _center.  The backward keeps _center too: the pivot, loaded ahead with the next
-    tile, took its bfloat16 tile from 124 to 163 registers (version 45)."""
+    _center.  The backward takes no pivot: loaded ahead with the next tile, it took
+    the bfloat16 tile from 124 to 163 registers (version 45); its 16-bit tiles take
+    the plain mean (_backward_row_sums)."""
     if CENTERED:
         x = tl.where(mask, x - pivot, 0.0)
         mean = exact_div(tl.sum(x, axis=1), n_cols)
@@ -566,12 +567,17 @@ def _backward_row_sums(x, g, mask, n_cols, eps, CENTERED: tl.constexpr, PLAIN: t
     for RMS norm.  After the mean, the three sums a row needs (d^2, g d, g, with d = x - mean) are one
     reduction: a reduction across a program's warps is a round through shared memory on the row's critical
     path, and the rounds, not the arithmetic, are what a program's row waits on at hidden sizes.
-    mean(g * xhat) = rstd * sum(g d) / n.  PLAIN: 16-bit rows' plain mean (_row_means, exact on a constant row
-    of at most 2**13 values); else _center's corrected one."""
+    mean(g * xhat) = rstd * sum(g d) / n.  PLAIN: 16-bit rows' plain mean, sum(x) / n rounded once (exact on a
+    constant row of at most 2**13 values); else _center's corrected one, a reduction more (perf-notes version 63:
+    layer norm's backward 1.19-1.30x faster at hidden sizes in the harness, but on the tiles that keep the sums
+    apart).  The plain mean is not _row_means: its second sum for rows whose sum overflows keeps x live across a
+    branch, which took the 16-bit tiles of 2048 and 4096 columns from 128 registers to 139 and 154 (ptxas, sm_90,
+    Triton 3.9), past what their programs an SM leave each thread (four on 4 warps, two on 8).  Such rows
+    overflowed _center's sum as well."""
     d = x
     if CENTERED:
         if PLAIN:
-            d = tl.where(mask, x - _row_means(x, n_cols)[:, None], 0.0)
+            d = tl.where(mask, x - exact_div(tl.sum(x, axis=1), n_cols)[:, None], 0.0)
         else:
             d, _ = _center(x, mask, n_cols, 1)
         sum_dd, sum_gd, sum_g = tl.reduce((d * d, g * d, g), 1, _add_triples)
@@ -594,7 +600,7 @@ def normalize_rows_backward(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     CENTERED: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
+    PLAIN: tl.constexpr, ONE_REDUCTION: tl.constexpr,
 ):  # fmt: skip
     """Short rows: each program loops over the tiles pid, pid + n_programs, ...;
     it writes dx, and its sums of dy * xhat and dy as row pid of the scratches.
@@ -619,20 +625,25 @@ def normalize_rows_backward(
         mask = (rows < n_rows) & (cols < n_cols)
         x = _widen(x_stored)
         dy = _widen(dy_stored)
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w
-        if FUSED_SUMS:
+        if ONE_REDUCTION:
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * w
             xhat, rstd, mean_g_xhat, mean_g = _backward_row_sums(x, g, mask, n_cols, eps, CENTERED, PLAIN)
-        else:
-            xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
-            mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
-            if CENTERED:
-                mean_g = tl.sum(g, axis=1)[:, None] / n_cols
-        if CENTERED:
             dx = (g - mean_g - xhat * mean_g_xhat) * rstd[:, None]
         else:
-            dx = (g - xhat * mean_g_xhat) * rstd[:, None]
+            # The sums apart, each its own reduction, written as before version 63 down to the order of its lines:
+            # on Triton 3.6 the same math with g formed first took layer norm's 16-bit tiles of 2048 and 4096
+            # columns from 128 registers to 148 (ptxas, sm_90), past their programs an SM (BackwardPlan.one_reduction).
+            xhat, rstd = _standardize(x, mask, n_cols, eps, CENTERED)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * w
+            mean_g_xhat = tl.sum(g * xhat, axis=1)[:, None] / n_cols
+            if CENTERED:
+                dx = (g - tl.sum(g, axis=1)[:, None] / n_cols - xhat * mean_g_xhat) * rstd[:, None]
+            else:
+                dx = (g - xhat * mean_g_xhat) * rstd[:, None]
         # dx's offsets computed here, not taken from x's load: PyTorch's analysis of which arguments a kernel
         # writes (torch.compile, wrap_triton) follows a store's address back through the helper that loaded x
         # and counted x as written, so compiled graphs copied x back into their input (and FSDP2 refused it).
@@ -841,12 +852,12 @@ def layer_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
+    PLAIN: tl.constexpr, ONE_REDUCTION: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
         True, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE, PLAIN,
-        FUSED_SUMS,
+        ONE_REDUCTION,
     )  # fmt: skip
 
 
@@ -920,12 +931,12 @@ def rms_norm_backward_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
     HAS_WEIGHT: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOAD_AHEAD: tl.constexpr, COL_MULTIPLE: tl.constexpr,
-    PLAIN: tl.constexpr, FUSED_SUMS: tl.constexpr,
+    PLAIN: tl.constexpr, ONE_REDUCTION: tl.constexpr,
 ):  # fmt: skip
     normalize_rows_backward(
         dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr, n_rows, n_cols, eps,
         False, HAS_WEIGHT, WEIGHT_GRAD, BIAS_GRAD, BLOCK_M, BLOCK_N, LOAD_AHEAD, COL_MULTIPLE, PLAIN,
-        FUSED_SUMS,
+        ONE_REDUCTION,
     )  # fmt: skip
 
 

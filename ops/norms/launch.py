@@ -124,7 +124,7 @@ def _short_rows_backward(plan: BackwardPlan, kernels: NormKernels, grad, x, w, d
     launcher(kernels.backward, grad)[plan.grid](
         grad, x, w, dx, dw_partial, db_partial, plan.n_rows, plan.n_cols, eps,
         **flags, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, LOAD_AHEAD=plan.load_ahead,
-        PLAIN=plan.mean == PLAIN_MEAN, FUSED_SUMS=plan.fused_sums, num_warps=plan.warps,
+        PLAIN=plan.mean == PLAIN_MEAN, ONE_REDUCTION=plan.one_reduction, num_warps=plan.warps,
     )  # fmt: skip
     return dw_partial, db_partial
 

@@ -49,12 +49,16 @@ Backward, three designs, by row length:
 * SHORT_ROWS: a fixed number of programs (one an SM, see backward_tile for
   the exceptions), each looping over row tiles, the next tile's loads in
   flight during this one's math.  A program loads a tile of x and dy once,
-  recomputes mean and rstd, writes dx, and adds dy * xhat (and dy) to dw/db
-  accumulators held in registers for its whole run.  At the end it writes
-  them as its own row of a (n_programs, N) scratch; a second kernel sums the
-  scratch's columns (dw's and db's in one launch).  No atomics: each scratch
-  row has one writer, the result is the same bits on every run, and the
-  column sum reads a few hundred partial rows, little next to x.
+  recomputes each row's mean (16-bit layer norm rows by the plain mean, the
+  others corrected, see Tuning.plain_max_cols), then takes the sums of d^2,
+  g d and g (d = x - mean) as one reduction (two of layer norm's exception
+  tiles keep them apart: TileException.one_reduction), writes dx, and adds
+  dy * xhat (and dy) to dw/db accumulators held in registers for its whole
+  run.  At the end it writes them as its own row of a (n_programs, N)
+  scratch; a second kernel sums the scratch's columns (dw's and db's in one
+  launch).  No atomics: each scratch row has one writer, the result is the
+  same bits on every run, and the column sum reads a few hundred partial
+  rows, little next to x.
 * HELD_ROWS (CUDA, rows a setup of Tuning.held_setups takes): the rows held
   on chip across programs (the protocol: ops/blocks/held_rows.py), a
   segment of each a program, so x and dy are read once; each program's dw/db
@@ -153,7 +157,8 @@ class TileException:
     """A short-row backward tile the byte rule does not give: at least `min_rows` rows of a
     `block_n`-lane block whose widest input has `element_size`-byte elements take tiles of `tile`
     elements, `programs_per_sm` programs an SM; layer norm's only (`centered` True), RMS norm's only
-    (False) or both (None).  The first exception that matches a call is taken."""
+    (False) or both (None); `one_reduction` False keeps its rows' sums apart (BackwardPlan.one_reduction).
+    The first exception that matches a call is taken."""
 
     element_size: int
     block_n: int
@@ -161,6 +166,7 @@ class TileException:
     programs_per_sm: int
     min_rows: int = 0
     centered: bool | None = None
+    one_reduction: bool = True  # BackwardPlan.one_reduction of the tiles it gives
 
     def takes(self, centered: bool, element_size: int, block_n: int, n_rows: int) -> bool:
         """Whether a backward of `n_rows` rows in `block_n`-lane blocks takes this tile."""
@@ -302,9 +308,13 @@ class Tuning:
     # / 1.24 / 1.15x.  Their w and b follow the pivoted rows' rule (pivoted_affine_first_max_block) but on the
     # hidden tile, where they load beside x: there 1.03-1.05x faster than late at 4095x2560 / 8191x3072 /
     # 8191x4096 / 16384x4096, while one row of 4096 a program (2000x4096) ran 1.09x faster with them late.
+    # The short-row backward's tiles of these rows take the plain mean too where they sum their rows as one
+    # reduction (BackwardPlan.one_reduction); they took _center's correction, whose sum was one more reduction on
+    # each row's critical path (the backward has no pivot: loaded ahead with the next tile it took the bf16 tile
+    # from 124 to 163 registers, version 45).  H200, the harness's CUDA-graph times in one call, one reduction
+    # either way (version 63): plain 1.10-1.23x faster than corrected at 4095x768, 1000x1280, 8191x1600,
+    # 4095x2560, 8191x4096 and 4095x5120 (12.6 against 14.1 us at 4095x768, 57.2 against 68.7 at 4095x5120).
     plain_max_cols: int = 8192
-    backward_plain_max_cols: int = 8192  # PROBE
-    backward_fused_sums: bool = True  # PROBE
 
     # Long rows, both directions: columns a step, and the backward's elements a thread in
     # them (x, dy and w of a chunk live at once; as landed, no measurement recorded).
@@ -378,13 +388,18 @@ class Tuning:
     # blocks of 4096 and 8192 the 16-bit tiles here and the rule stayed ahead of one row four an SM; at 2048 so did RMS
     # norm's (by 1-2%), but layer norm's many rows gained: 8191x1600 / 4095x2048 39.7 / 24.4 -> 33.4 / 21.9 µs (PyTorch
     # 65.8 / 35.9), where 1000x1280 lost 10.1 -> 12.6 (version 62b).  So layer norm's 16-bit rows of a 2048-column block
-    # take one row four an SM from 2048 rows.
+    # take one row four an SM from 2048 rows.  Layer norm's tiles of one row four an SM at 2048 columns and two an
+    # SM at 4096 keep their rows' sums apart (one_reduction False): with one reduction (version 63) they ran slower,
+    # the harness's CUDA-graph times in one call against the code before, 8191x1600 / 16383x1600 / 4095x2048 /
+    # 8191x3072 / 8191x4096 at 33.8 / 60.0 / 22.6 / 66.5 / 68.0 -> 40.2 / 69.5 / 25.7 / 69.0 / 75.6 us, where
+    # every other tile gained (4095x768 / 1000x1280 / 4095x5120 14.8 / 11.5 / 74.1 -> 12.5 / 9.3 / 56.9).
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 1024, tile=2048, programs_per_sm=4),
         TileException(4, 1024, tile=1024, programs_per_sm=4, min_rows=2048),
-        TileException(2, 2048, tile=2048, programs_per_sm=4, min_rows=2048, centered=True),
+        TileException(2, 2048, tile=2048, programs_per_sm=4, min_rows=2048, centered=True, one_reduction=False),
         TileException(2, 2048, tile=4096, programs_per_sm=2),
-        TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048),
+        TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048, centered=True, one_reduction=False),
+        TileException(2, 4096, tile=4096, programs_per_sm=2, min_rows=2048, centered=False),
     )
 
     # Backward rows past max_block_backward held on chip across programs, by the first setup of
@@ -615,7 +630,7 @@ class BackwardPlan:
     warps: int = 1
     load_ahead: bool = False  # SHORT_ROWS: the next tile's loads issued before this tile's math
     mean: str = CORRECTED_MEAN  # SHORT_ROWS, layer norm: how a tile finds its rows' means (PLAIN_MEAN or CORRECTED_MEAN)
-    fused_sums: bool = True  # PROBE
+    one_reduction: bool = True  # SHORT_ROWS: each row's sums after the mean as one reduction (else apart, the mean corrected)
     frame: int = 0  # LONG_ROWS: rows off 16-byte boundaries read in frames of `frame`-element runs (0: not framed)
     held: Optional[HeldRowsPlan] = None
     column_sum: Optional[ColumnSumPlan] = None
@@ -628,7 +643,7 @@ def choose_forward_plan(meta: Meta, tuning: Tuning = TUNING) -> ForwardPlan:
     if n_rows == 0 or n_cols == 0:
         return ForwardPlan(meta.centered, NO_ROWS, n_rows, n_cols)
     col_multiple = column_multiple(n_cols)
-    pivoted = meta.centered and meta.x_size in tuning.pivot_element_sizes
+    pivoted = _pivoted(meta, tuning)
     frame = _frame(meta)
     fits = _fits_a_block(tuning.max_block, meta)
     if frame and fits and _named_by(tuning.framed_tiles, meta):
@@ -682,7 +697,7 @@ def choose_backward_plan(meta: Meta, tuning: Tuning = TUNING) -> BackwardPlan:
         return BackwardPlan(
             design=SHORT_ROWS, grid=(programs,), partial_rows=programs, block_m=block_m, block_n=block_n, warps=warps,
             load_ahead=block_m * block_n * meta.widest <= tuning.load_ahead_bytes, **common,
-            mean=_backward_tile_mean(meta, tuning), fused_sums=tuning.backward_fused_sums,
+            **_backward_row_sums(meta, tuning),
         )  # fmt: skip
     chunk = tuning.chunk[kind]
     frame = _frame(meta)
@@ -770,11 +785,21 @@ def _tile_mean(pivoted: bool, n_cols: int, tuning: Tuning) -> str:
     return PLAIN_MEAN if n_cols <= tuning.plain_max_cols else PIVOT_MEAN
 
 
-def _backward_tile_mean(meta: Meta, tuning: Tuning) -> str:
-    """How the short-row backward's tiles find their rows' means: 16-bit x by the plain mean up to
-    backward_plain_max_cols columns, the others by the corrected mean (RMS norm takes none)."""
-    plain = meta.centered and meta.x_size == 2 and meta.n_cols <= tuning.backward_plain_max_cols
-    return PLAIN_MEAN if plain else CORRECTED_MEAN
+def _pivoted(meta: Meta, tuning: Tuning) -> bool:
+    """Whether a call's rows are layer norm's of 16-bit x (Tuning.pivot_element_sizes): those whose tiles take the
+    plain mean or the pivot (_tile_mean)."""
+    return meta.centered and meta.x_size in tuning.pivot_element_sizes
+
+
+def _backward_row_sums(meta: Meta, tuning: Tuning) -> dict:
+    """How the short-row backward's tiles sum their rows (BackwardPlan.mean, one_reduction): the sums after the mean
+    as one reduction but where the tile's exception says not (TileException.one_reduction); with one reduction, the
+    mean as the forward's tiles take it where those take the plain one, else corrected (the backward loads no
+    pivot, see Tuning.plain_max_cols); apart, corrected, as before version 63."""
+    exception = _backward_exception(meta, tuning)
+    one_reduction = exception is None or exception.one_reduction
+    plain = one_reduction and _tile_mean(_pivoted(meta, tuning), meta.n_cols, tuning) == PLAIN_MEAN
+    return dict(mean=PLAIN_MEAN if plain else CORRECTED_MEAN, one_reduction=one_reduction)
 
 
 def _affine_first(block_n: int, pivoted: bool, tuning: Tuning) -> bool:
@@ -838,10 +863,9 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     n_rows, widest = meta.n_rows, meta.widest
     block_n = next_power_of_2(meta.n_cols)
     tile, per_sm = tuning.backward_tile_bytes // widest, tuning.short_row_programs_per_sm
-    for exception in tuning.backward_exceptions:
-        if exception.takes(meta.centered, widest, block_n, n_rows):
-            tile, per_sm = exception.tile, exception.programs_per_sm
-            break
+    exception = _backward_exception(meta, tuning)
+    if exception is not None:
+        tile, per_sm = exception.tile, exception.programs_per_sm
     block_m = rows_in_tile(n_rows, block_n, tile)
     sms = meta.facts.sm_count
     while (
@@ -851,6 +875,13 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
     ):
         block_m //= 2
     return block_m, block_n, warps_for(block_m * block_n, per_thread=tuning.backward_thread_bytes // widest), per_sm
+
+
+def _backward_exception(meta: Meta, tuning: Tuning) -> Optional[TileException]:
+    """The first of Tuning.backward_exceptions that takes a CUDA call's short-row backward, if any."""
+    block_n = next_power_of_2(meta.n_cols)
+    takes = (e for e in tuning.backward_exceptions if e.takes(meta.centered, meta.widest, block_n, meta.n_rows))
+    return next(takes, None) if meta.facts.cuda else None
 
 
 def _partial_rows(work_items, n_rows, target: int, tuning: Tuning) -> int:

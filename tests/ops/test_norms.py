@@ -408,6 +408,32 @@ def test_layer_norm_backward_of_constant_rows(device, dtype, n_cols):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_norm_backward_of_16_bit_rows_far_from_zero_is_as_accurate_as_pytorchs(device, dtype):
+    """The short-row backward's 16-bit tiles take the plain mean and the row sums about it as one reduction
+    (perf-notes version 63): on rows whose mean is hundreds of times their spread, dx and dw stay within 1.5x
+    PyTorch's own error against float64 (a one-pass variance, sum(x^2) - n mean^2, or sum(g x) for sum(g d), would
+    not).  One block of 1000 and one of 4096 columns."""
+    offset = {torch.bfloat16: 200.0, torch.float16: 1000.0}[dtype]
+    for n_cols in (1000, 4096):
+        generator = torch.Generator().manual_seed(n_cols)
+        x, grad = (torch.randn(6, n_cols, generator=generator) for _ in range(2))
+        x, grad = (offset + x).to(device, dtype), grad.to(device, dtype)
+        weight, bias = params(n_cols, device, dtype)
+        got = torch.ops.tk.layer_norm_backward(grad, x, [n_cols], weight, 1e-5, True, True)
+        exact = [t.detach().requires_grad_() for t in (x.double(), weight.double(), bias.double())]
+        F.layer_norm(exact[0], [n_cols], exact[1], exact[2], 1e-5).backward(grad.double())
+        native = [t.detach().requires_grad_() for t in (x, weight, bias)]
+        F.layer_norm(native[0], [n_cols], native[1], native[2], 1e-5).backward(grad)
+
+        def error(t, want):
+            return ((t.double() - want).abs().max() / want.abs().max()).item()
+
+        for tk, pytorch, want in zip(got[:2], native[:2], exact[:2], strict=True):
+            assert error(tk, want.grad) <= 1.5 * error(pytorch.grad, want.grad), (n_cols, error(tk, want.grad))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gradients_only_where_asked(device):
     """A frozen weight or bias gets no gradient (and none is computed); x may be frozen too."""
     n = pick(device, 33, 4096)
@@ -699,6 +725,65 @@ def test_the_gpu_forward_centers_16_bit_layer_norms_by_a_plain_mean_up_to_8192_c
             plan = choose_forward_plan(meta)
             assert (plan.mean, plan.affine_first) == (CORRECTED_MEAN, n_cols <= 4096), (n_cols, meta)
     assert choose_forward_plan(h100_meta(4096, 20000, x_size=2)).mean == PIVOT_MEAN  # where a sum could round
+
+
+def test_the_short_row_backward_takes_the_forwards_plain_mean():
+    """Layer norm's 16-bit short-row backward takes the plain mean where the forward's tiles do (Tuning.plain_max_cols;
+    perf-notes version 63), whatever dy's dtype; float32 x, RMS norm and the interpreter's rows past plain_max_cols
+    (no pivot in the backward) take the corrected one, and the launch passes it as PLAIN."""
+    for n_rows, n_cols in ((4095, 768), (1000, 1280), (4095, 5120), (1000, 8192)):
+        for grad_size in (2, 4):
+            assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2, grad_size=grad_size)).mean == PLAIN_MEAN
+        for meta in (h100_meta(n_rows, n_cols, x_size=4), h100_meta(n_rows, n_cols, x_size=2, centered=False)):
+            assert choose_backward_plan(meta).mean == CORRECTED_MEAN, meta
+    interpreted = choose_backward_plan(Meta(True, 4, 10000, 2, 2))
+    assert (interpreted.design, interpreted.mean) == (SHORT_ROWS, CORRECTED_MEAN)
+    # Layer norm's exceptions of one row four an SM at 2048 columns and two at 4096 keep the sums apart, the mean
+    # corrected (TileException.one_reduction); RMS norm's tile at 4096 and every other tile take one reduction.
+    for n_rows, n_cols in ((8191, 1600), (4095, 2048), (4095, 2560), (8191, 4096)):
+        plan = choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2))
+        assert (plan.one_reduction, plan.mean) == (False, CORRECTED_MEAN), (n_rows, n_cols)
+        assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2, centered=False)).one_reduction
+    for n_rows, n_cols in ((1000, 1280), (1000, 3584), (4095, 768), (4095, 5120)):
+        assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2)).one_reduction, (n_rows, n_cols)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_short_row_backward_sums_apart_or_as_one_reduction(op, dtype):
+    """Both ways a short-row tile sums its rows (BackwardPlan.one_reduction; the GPU's plan keeps them apart on two
+    of layer norm's tiles) give the float64 gradients, on rows whose mean is far from 0, off the block's width
+    (27 columns of a 32-lane block under SMALL)."""
+    n_cols = 27
+    x = 5 + 2 * torch.randn(11, n_cols, dtype=dtype)
+    grad = torch.randn_like(x)
+    weight, bias = params(n_cols, "cpu", dtype)
+    centered = op == "layer_norm"
+    exact = [t.double().requires_grad_() for t in (x, weight, bias)]
+    if centered:
+        F.layer_norm(exact[0], [n_cols], exact[1], exact[2], EPS[op]).backward(grad.double())
+    else:
+        F.rms_norm(exact[0], [n_cols], exact[1], EPS[op]).backward(grad.double())
+    plan = choose_backward_plan(describe_backward(centered, grad, x, n_cols), SMALL)
+    assert plan.design == SHORT_ROWS and plan.one_reduction
+    for one_reduction in (True, False):
+        mean = plan.mean if one_reduction else CORRECTED_MEAN
+        ways = dataclasses.replace(plan, one_reduction=one_reduction, mean=mean)
+        dx, dw, db = norm_launch.run_backward(ways, grad, x, weight, EPS[op], True, centered, (n_cols,))
+        assert_close(dx, exact[0].grad, dtype)
+        assert_close(dw, exact[1].grad, dtype, scale=4)  # a sum over the rows
+        if centered:
+            assert_close(db, exact[2].grad, dtype, scale=4)
+
+
+def test_the_short_row_backward_launches_its_plans_mean(launched):
+    x, grad = torch.randn(9, 20, dtype=torch.bfloat16), torch.randn(9, 20, dtype=torch.bfloat16)
+    weight, _ = params(20, "cpu", torch.bfloat16)
+    for x_dtype, plain in ((torch.bfloat16, True), (torch.float32, False)):
+        layer_norm_entry.backward(grad.to(x_dtype), x.to(x_dtype), [20], weight.to(x_dtype), 1e-5, True, True, tuning=SMALL)
+        flags = [kwargs["PLAIN"] for _, _, kwargs in launched if "PLAIN" in kwargs]
+        assert flags == [plain], x_dtype
+        launched.clear()
 
 
 def test_the_gpu_forward_tiles_at_hidden_sizes():
@@ -1611,6 +1696,43 @@ def _layer_norm_backward_tile(widest, block_n, n_rows):
     if (widest, block_n) == (2, 2048) or (widest, block_n, many) == (2, 4096, True):
         return 8192, 2
     return 16384, 1
+
+
+@pytest.mark.parametrize("centered", [False, True], ids=["rms_norm", "layer_norm"])
+def test_the_short_row_backward_tiles_fit_their_programs_an_sm(centered):
+    """Built for sm_90 (no GPU needed): each short-row backward tile the H200's plan gives 16-bit and float32 rows
+    at hidden sizes holds at most the registers that leave room for its programs an SM (65536 an SM), and spills
+    nothing.  Over them, fewer programs share an SM than the plan counts on: layer norm's exception tiles with one
+    reduction took 148-159 registers on Triton 3.6 and ran 3-16% slower on the H200, and the plain mean's overflow
+    branch (_row_means) took them to 139 and 154 on Triton 3.9 (perf-notes version 63).  Built with the installed
+    Triton: CI's 3.9 here; the GPU's 3.6 was checked apart."""
+    from ptx_checks import registers_and_spills
+    from triton.compiler import ASTSource
+
+    from ops.runtime import H200
+
+    kernels = norm_launch.KERNELS[centered]
+    tiles = {}
+    for size in (2, 4):
+        for n_cols in (768, 1600, 2560, 5120):
+            meta = Meta(centered, 4095, n_cols, size, size, H200)
+            plan = choose_backward_plan(meta)
+            tiles[(size, *backward_tile(meta))] = plan
+    assert len(tiles) == 8, tiles  # blocks of 1024, 2048, 4096 and 8192 columns, two element sizes
+    for (size, block_m, block_n, warps, per_sm), plan in tiles.items():
+        kernel = kernels.backward
+        pointer = "*bf16" if size == 2 else "*fp32"
+        signature = {name: pointer for name in ("dy_ptr", "x_ptr", "w_ptr", "dx_ptr")}
+        signature.update(dw_partial_ptr="*fp32", db_partial_ptr="*fp32", n_rows="i32", n_cols="i32", eps="fp32")
+        constants = dict(HAS_WEIGHT=True, WEIGHT_GRAD=True, BIAS_GRAD=centered, BLOCK_M=block_m, BLOCK_N=block_n,
+                         LOAD_AHEAD=plan.load_ahead, COL_MULTIPLE=plan.col_multiple, PLAIN=plan.mean == PLAIN_MEAN,
+                         ONE_REDUCTION=plan.one_reduction)  # fmt: skip
+        signature.update({name: "constexpr" for name in constants})
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name.endswith("_ptr")}
+        launch = types.SimpleNamespace(warps=warps, registers=None)  # as launched: no cap but the warps' own
+        built = build_for_hopper(ASTSource(kernel, signature, constants, aligned), launch)
+        registers, spilled = registers_and_spills(built)
+        assert registers <= min(255, 65536 // (per_sm * warps * 32)) and spilled == 0, (size, block_n, registers)
 
 
 @pytest.mark.parametrize("sms", [0, 132])

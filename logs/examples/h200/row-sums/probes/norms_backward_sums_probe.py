@@ -1,44 +1,31 @@
 """Probe of the norms' short-row backward (perf-notes version 63): its row sums as one reduction after the mean
 (FUSED_SUMS) and 16-bit layer norm's plain mean (PLAIN), against the code before (separate reductions, the
 corrected mean).  CUDA-graph times (µs), three interleaved rounds, median; PyTorch's native layer norm backward in
-the same process.  Run from the repository root on a GPU, at the commit that added this file: its Tuning has the
-two switches (backward_fused_sums, backward_plain_max_cols) that the next commit removed."""
+the same process.  It ran from the repository root on a GPU at the commit that added this file, whose Tuning had
+the two switches it sets (backward_fused_sums, backward_plain_max_cols); the next commit removed them, so later
+code no longer runs it."""
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
 
 sys.path.insert(0, os.getcwd())
-import torch  # noqa: E402
-import triton.testing  # noqa: E402
+from ops.norms.plan import TUNING, backward_tile, choose_backward_plan  # noqa: E402
 
-from ops.norms import layer_norm, rms_norm  # noqa: E402
-from ops.norms.plan import TUNING, backward_tile, choose_backward_plan, describe_backward  # noqa: E402
-from ops.runtime.direct import run_direct  # noqa: E402
+# graph_us and calls: the tile probe's (version 62), loaded from its file.
+_TILES = os.path.join(os.path.dirname(__file__), "..", "..", "blocks-1024", "probes", "norms_backward_tiles_probe.py")
+_spec = importlib.util.spec_from_file_location("norms_backward_tiles_probe", _TILES)
+tiles_probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tiles_probe)
+graph_us, calls, BF16, F32 = tiles_probe.graph_us, tiles_probe.calls, tiles_probe.BF16, tiles_probe.F32
 
-BF16, F32 = torch.bfloat16, torch.float32
 VARIANTS = {
     "before": dataclasses.replace(TUNING, backward_fused_sums=False, backward_plain_max_cols=0),
     "fused": dataclasses.replace(TUNING, backward_fused_sums=True, backward_plain_max_cols=0),
     "fused_plain": dataclasses.replace(TUNING, backward_fused_sums=True),
 }
-
-
-def graph_us(fn):
-    with torch.cuda.stream(torch.cuda.Stream()):
-        return 1000 * triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median")
-
-
-def calls(op, rows, cols, dtype):
-    x = torch.randn(rows, cols, device="cuda", dtype=dtype)
-    dy, w, b = torch.randn_like(x), torch.randn(cols, device="cuda", dtype=dtype), torch.randn(cols, device="cuda", dtype=dtype)
-    meta = describe_backward(op == "layer_norm", dy, x, cols)
-    if op == "rms_norm":
-        return lambda t: run_direct(rms_norm.backward, (dy, x, w, 1e-6, True), {"tuning": t}), None, meta
-    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [cols], w, b, 1e-5)
-    eager = lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [cols], mean, rstd, w, b, [True] * 3)  # noqa: E731
-    return lambda t: run_direct(layer_norm.backward, (dy, x, [cols], w, 1e-5, True, True), {"tuning": t}), eager, meta
 
 
 def main():
