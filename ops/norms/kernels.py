@@ -168,8 +168,9 @@ def _standardize_pivoted(x, pivot, mask, n_cols, eps, CENTERED: tl.constexpr):
     eps |pivot - mean| / std in xhat, eps sqrt(n) where the pivot is an outlier
     (4e-6 at 8192 columns against _center's 3e-8): float32 and float64 keep
     _center.  The backward takes no pivot: loaded ahead with the next tile, it took
-    the bfloat16 tile from 124 to 163 registers (version 45); its 16-bit tiles take
-    the plain mean (_backward_row_sums)."""
+    the bfloat16 tile from 124 to 163 registers (version 45); its tiles of 16-bit x
+    and dy take the plain mean where they sum as one reduction (_backward_row_sums,
+    plan.py's _backward_row_sums)."""
     if CENTERED:
         x = tl.where(mask, x - pivot, 0.0)
         mean = exact_div(tl.sum(x, axis=1), n_cols)
@@ -563,8 +564,8 @@ def _add_triples(a0, b0, c0, a1, b1, c1):
 
 @triton.jit
 def _backward_row_sums(x, g, mask, n_cols, eps, CENTERED: tl.constexpr, PLAIN: tl.constexpr):
-    """(xhat, rstd, mean(g * xhat), mean(g)) of a tile of whole rows, each (BLOCK_M, 1) but xhat; mean(g) is 0
-    for RMS norm.  After the mean, the three sums a row needs (d^2, g d, g, with d = x - mean) are one
+    """(xhat, rstd, mean(g * xhat), mean(g)) of a tile of whole rows: xhat the tile's shape, rstd (BLOCK_M,), the
+    means (BLOCK_M, 1); mean(g) is 0 for RMS norm.  After the mean, the three sums a row needs (d^2, g d, g, with d = x - mean) are one
     reduction: a reduction across a program's warps is a round through shared memory on the row's critical
     path, and the rounds, not the arithmetic, are what a program's row waits on at hidden sizes.
     mean(g * xhat) = rstd * sum(g d) / n.  PLAIN: 16-bit rows' plain mean, sum(x) / n rounded once (exact on a
@@ -573,7 +574,8 @@ def _backward_row_sums(x, g, mask, n_cols, eps, CENTERED: tl.constexpr, PLAIN: t
     apart).  The plain mean is not _row_means: its second sum for rows whose sum overflows keeps x live across a
     branch, which took the 16-bit tiles of 2048 and 4096 columns from 128 registers to 139 and 154 (ptxas, sm_90,
     Triton 3.9), past what their programs an SM leave each thread (four on 4 warps, two on 8).  Such rows
-    overflowed _center's sum as well."""
+    overflowed _center's sum as well.  The products g d can overflow float32 where g xhat did not (|x - mean|
+    near 1e15 with |dy| near 1e25): dx is then not finite, as PyTorch's float32 backward is."""
     d = x
     if CENTERED:
         if PLAIN:

@@ -49,8 +49,9 @@ Backward, three designs, by row length:
 * SHORT_ROWS: a fixed number of programs (one an SM, see backward_tile for
   the exceptions), each looping over row tiles, the next tile's loads in
   flight during this one's math.  A program loads a tile of x and dy once,
-  recomputes each row's mean (16-bit layer norm rows by the plain mean, the
-  others corrected, see Tuning.plain_max_cols), then takes the sums of d^2,
+  recomputes each row's mean (layer norm rows whose inputs are all 16-bit by
+  the plain mean, the others corrected, see Tuning.plain_max_cols), then
+  takes the sums of d^2,
   g d and g (d = x - mean) as one reduction (two of layer norm's exception
   tiles keep them apart: TileException.one_reduction), writes dx, and adds
   dy * xhat (and dy) to dw/db accumulators held in registers for its whole
@@ -391,8 +392,10 @@ class Tuning:
     # take one row four an SM from 2048 rows.  Layer norm's tiles of one row four an SM at 2048 columns and two an
     # SM at 4096 keep their rows' sums apart (one_reduction False): with one reduction (version 63) they ran slower,
     # the harness's CUDA-graph times in one call against the code before, 8191x1600 / 16383x1600 / 4095x2048 /
-    # 8191x3072 / 8191x4096 at 33.8 / 60.0 / 22.6 / 66.5 / 68.0 -> 40.2 / 69.5 / 25.7 / 69.0 / 75.6 us, where
-    # every other tile gained (4095x768 / 1000x1280 / 4095x5120 14.8 / 11.5 / 74.1 -> 12.5 / 9.3 / 56.9).
+    # 8191x3072 / 8191x4096 at 33.8 / 59.5 / 22.3 / 66.4 / 68.0 -> 40.2 / 69.0 / 25.6 / 68.3 / 76.3 us (the lower
+    # of two rounds), where every other tile gained (4095x768 / 1000x1280 / 4095x5120 14.8 / 11.5 / 74.1 -> 12.5 /
+    # 9.3 / 56.9): on Triton 3.6 one reduction takes those tiles to 148-159 registers, past the 128 their programs
+    # an SM leave.
     backward_exceptions: tuple[TileException, ...] = (
         TileException(2, 1024, tile=2048, programs_per_sm=4),
         TileException(4, 1024, tile=1024, programs_per_sm=4, min_rows=2048),
@@ -793,12 +796,15 @@ def _pivoted(meta: Meta, tuning: Tuning) -> bool:
 
 def _backward_row_sums(meta: Meta, tuning: Tuning) -> dict:
     """How the short-row backward's tiles sum their rows (BackwardPlan.mean, one_reduction): the sums after the mean
-    as one reduction but where the tile's exception says not (TileException.one_reduction); with one reduction, the
-    mean as the forward's tiles take it where those take the plain one, else corrected (the backward loads no
-    pivot, see Tuning.plain_max_cols); apart, corrected, as before version 63."""
+    as one reduction but where the tile's exception says not (TileException.one_reduction); with one reduction and
+    every input 16-bit, the mean as the forward's tiles take it where those take the plain one, else corrected (the
+    backward loads no pivot, see Tuning.plain_max_cols); apart, corrected, as before version 63."""
     exception = _backward_exception(meta, tuning)
     one_reduction = exception is None or exception.one_reduction
-    plain = one_reduction and _tile_mean(_pivoted(meta, tuning), meta.n_cols, tuning) == PLAIN_MEAN
+    # A float32 dy asks for float32 gradients, which the plain mean's one rounding would hold to
+    # about 1e-5 (the corrected mean: 1e-7; a second reader's measurement): such calls keep the corrected mean.
+    all_16_bit = meta.widest == 2
+    plain = one_reduction and all_16_bit and _tile_mean(_pivoted(meta, tuning), meta.n_cols, tuning) == PLAIN_MEAN
     return dict(mean=PLAIN_MEAN if plain else CORRECTED_MEAN, one_reduction=one_reduction)
 
 

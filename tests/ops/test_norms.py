@@ -412,8 +412,8 @@ def test_layer_norm_backward_of_constant_rows(device, dtype, n_cols):
 def test_layer_norm_backward_of_16_bit_rows_far_from_zero_is_as_accurate_as_pytorchs(device, dtype):
     """The short-row backward's 16-bit tiles take the plain mean and the row sums about it as one reduction
     (perf-notes version 63): on rows whose mean is hundreds of times their spread, dx and dw stay within 1.5x
-    PyTorch's own error against float64 (a one-pass variance, sum(x^2) - n mean^2, or sum(g x) for sum(g d), would
-    not).  One block of 1000 and one of 4096 columns."""
+    PyTorch's own error against float64 (a one-pass variance, sum(x^2) - n mean^2, would not).  One block of 1000
+    and one of 4096 columns."""
     offset = {torch.bfloat16: 200.0, torch.float16: 1000.0}[dtype]
     for n_cols in (1000, 4096):
         generator = torch.Generator().manual_seed(n_cols)
@@ -728,12 +728,12 @@ def test_the_gpu_forward_centers_16_bit_layer_norms_by_a_plain_mean_up_to_8192_c
 
 
 def test_the_short_row_backward_takes_the_forwards_plain_mean():
-    """Layer norm's 16-bit short-row backward takes the plain mean where the forward's tiles do (Tuning.plain_max_cols;
-    perf-notes version 63), whatever dy's dtype; float32 x, RMS norm and the interpreter's rows past plain_max_cols
-    (no pivot in the backward) take the corrected one, and the launch passes it as PLAIN."""
+    """Layer norm's short-row backward of 16-bit x and dy takes the plain mean where the forward's tiles do
+    (Tuning.plain_max_cols; perf-notes version 63); a float32 dy (float32 gradients asked for), float32 x, RMS norm
+    and the interpreter's rows past plain_max_cols (no pivot in the backward) take the corrected one."""
     for n_rows, n_cols in ((4095, 768), (1000, 1280), (4095, 5120), (1000, 8192)):
-        for grad_size in (2, 4):
-            assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2, grad_size=grad_size)).mean == PLAIN_MEAN
+        for grad_size, mean in ((2, PLAIN_MEAN), (4, CORRECTED_MEAN)):
+            assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2, grad_size=grad_size)).mean == mean
         for meta in (h100_meta(n_rows, n_cols, x_size=4), h100_meta(n_rows, n_cols, x_size=2, centered=False)):
             assert choose_backward_plan(meta).mean == CORRECTED_MEAN, meta
     interpreted = choose_backward_plan(Meta(True, 4, 10000, 2, 2))
@@ -746,11 +746,15 @@ def test_the_short_row_backward_takes_the_forwards_plain_mean():
         assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2, centered=False)).one_reduction
     for n_rows, n_cols in ((1000, 1280), (1000, 3584), (4095, 768), (4095, 5120)):
         assert choose_backward_plan(h100_meta(n_rows, n_cols, x_size=2)).one_reduction, (n_rows, n_cols)
+    # The 4096-column exception is two entries now, one an op: RMS norm's keeps one row two an SM.
+    rms = h100_meta(8191, 4096, x_size=2, centered=False)
+    assert backward_tile(rms) == (1, 4096, 8, 2) and choose_backward_plan(rms).grid == (264,)
+    assert backward_tile(h100_meta(1000, 4096, x_size=2, centered=False)) != (1, 4096, 8, 2)  # under 2048 rows
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_short_row_backward_sums_apart_or_as_one_reduction(op, dtype):
+def test_the_short_row_backward_sums_apart_or_as_one_reduction(launched, op, dtype):
     """Both ways a short-row tile sums its rows (BackwardPlan.one_reduction; the GPU's plan keeps them apart on two
     of layer norm's tiles) give the float64 gradients, on rows whose mean is far from 0, off the block's width
     (27 columns of a 32-lane block under SMALL)."""
@@ -769,7 +773,9 @@ def test_the_short_row_backward_sums_apart_or_as_one_reduction(op, dtype):
     for one_reduction in (True, False):
         mean = plan.mean if one_reduction else CORRECTED_MEAN
         ways = dataclasses.replace(plan, one_reduction=one_reduction, mean=mean)
+        launched.clear()
         dx, dw, db = norm_launch.run_backward(ways, grad, x, weight, EPS[op], True, centered, (n_cols,))
+        assert [kwargs["ONE_REDUCTION"] for _, _, kwargs in launched if "ONE_REDUCTION" in kwargs] == [one_reduction]
         assert_close(dx, exact[0].grad, dtype)
         assert_close(dw, exact[1].grad, dtype, scale=4)  # a sum over the rows
         if centered:
@@ -1705,7 +1711,9 @@ def test_the_short_row_backward_tiles_fit_their_programs_an_sm(centered):
     nothing.  Over them, fewer programs share an SM than the plan counts on: layer norm's exception tiles with one
     reduction took 148-159 registers on Triton 3.6 and ran 3-16% slower on the H200, and the plain mean's overflow
     branch (_row_means) took them to 139 and 154 on Triton 3.9 (perf-notes version 63).  Built with the installed
-    Triton: CI's 3.9 here; the GPU's 3.6 was checked apart."""
+    Triton, CI's 3.9, where one reduction also fits those two tiles: this guards the landed code on that Triton
+    (the GPU's 3.6 was checked apart).  Where a tile runs one program an SM the bound is ptxas's own cap, and the
+    spills are what can fail."""
     from ptx_checks import registers_and_spills
     from triton.compiler import ASTSource
 
@@ -1714,11 +1722,12 @@ def test_the_short_row_backward_tiles_fit_their_programs_an_sm(centered):
     kernels = norm_launch.KERNELS[centered]
     tiles = {}
     for size in (2, 4):
-        for n_cols in (768, 1600, 2560, 5120):
-            meta = Meta(centered, 4095, n_cols, size, size, H200)
+        for n_rows, n_cols in ((4095, 768), (4095, 1600), (4095, 2560), (4095, 5120), (1000, 1280), (1000, 3584)):
+            meta = Meta(centered, n_rows, n_cols, size, size, H200)
             plan = choose_backward_plan(meta)
             tiles[(size, *backward_tile(meta))] = plan
-    assert len(tiles) == 8, tiles  # blocks of 1024, 2048, 4096 and 8192 columns, two element sizes
+    # blocks of 1024 to 8192 columns, two element sizes; 1000 rows: two rows a tile of 2048 and of 4096 columns
+    assert len(tiles) == (10 if centered else 9), sorted(tiles)  # RMS norm has no tile of one row of 2048
     for (size, block_m, block_n, warps, per_sm), plan in tiles.items():
         kernel = kernels.backward
         pointer = "*bf16" if size == 2 else "*fp32"
