@@ -565,17 +565,21 @@ def _add_triples(a0, b0, c0, a1, b1, c1):
 @triton.jit
 def _backward_row_sums(x, g, mask, n_cols, eps, CENTERED: tl.constexpr, PLAIN: tl.constexpr):
     """(xhat, rstd, mean(g * xhat), mean(g)) of a tile of whole rows: xhat the tile's shape, rstd (BLOCK_M,), the
-    means (BLOCK_M, 1); mean(g) is 0 for RMS norm.  After the mean, the three sums a row needs (d^2, g d, g, with d = x - mean) are one
-    reduction: a reduction across a program's warps is a round through shared memory on the row's critical
-    path, and the rounds, not the arithmetic, are what a program's row waits on at hidden sizes.
-    mean(g * xhat) = rstd * sum(g d) / n.  PLAIN: 16-bit rows' plain mean, sum(x) / n rounded once (exact on a
-    constant row of at most 2**13 values); else _center's corrected one, a reduction more (perf-notes version 63:
-    layer norm's backward 1.19-1.30x faster at hidden sizes in the harness, but on the tiles that keep the sums
-    apart).  The plain mean is not _row_means: its second sum for rows whose sum overflows keeps x live across a
-    branch, which took the 16-bit tiles of 2048 and 4096 columns from 128 registers to 139 and 154 (ptxas, sm_90,
-    Triton 3.9), past what their programs an SM leave each thread (four on 4 warps, two on 8).  Such rows
-    overflowed _center's sum as well.  The products g d can overflow float32 where g xhat did not (|x - mean|
-    near 1e15 with |dy| near 1e25): dx is then not finite, as PyTorch's float32 backward is."""
+    means (BLOCK_M, 1); mean(g) is 0 for RMS norm.
+
+    After the mean, the three sums a row needs (d^2, g d and g, with d = x - mean) are one reduction: a
+    reduction across a program's warps is a round through shared memory on the row's critical path, and at
+    hidden sizes the rounds, not the arithmetic, are what a program's row waits on.  mean(g * xhat) =
+    rstd * sum(g d) / n.  Measured in the harness: layer norm's backward 1.19-1.30x faster at hidden sizes,
+    except on the tiles that keep the sums apart (perf-notes version 63).
+
+    PLAIN: 16-bit rows' plain mean, sum(x) / n rounded once (exact on a constant row of at most 2**13 values);
+    else _center's corrected one, a reduction more.  The plain mean is not _row_means: its second sum for rows
+    whose sum overflows keeps x live across a branch, which took the 16-bit tiles of 2048 and 4096 columns
+    from 128 registers to 139 and 154 (ptxas, sm_90, Triton 3.9), past what their programs an SM leave each
+    thread (four on 4 warps, two on 8).  Such rows overflowed _center's sum as well.  The products g d can
+    overflow float32 where g xhat did not (|x - mean| near 1e15 with |dy| near 1e25): dx is then not finite,
+    as PyTorch's float32 backward is."""
     d = x
     if CENTERED:
         if PLAIN:

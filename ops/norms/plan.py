@@ -632,8 +632,8 @@ class BackwardPlan:
     block_n: int = 0
     warps: int = 1
     load_ahead: bool = False  # SHORT_ROWS: the next tile's loads issued before this tile's math
-    mean: str = CORRECTED_MEAN  # SHORT_ROWS, layer norm: how a tile finds its rows' means (PLAIN_MEAN or CORRECTED_MEAN)
-    one_reduction: bool = True  # SHORT_ROWS: each row's sums after the mean as one reduction (else apart, the mean corrected)
+    mean: str = CORRECTED_MEAN  # SHORT_ROWS, layer norm: how a tile finds its rows' means (PLAIN_MEAN, CORRECTED_MEAN)
+    one_reduction: bool = True  # SHORT_ROWS: a row's sums after the mean as one reduction (else apart, mean corrected)
     frame: int = 0  # LONG_ROWS: rows off 16-byte boundaries read in frames of `frame`-element runs (0: not framed)
     held: Optional[HeldRowsPlan] = None
     column_sum: Optional[ColumnSumPlan] = None

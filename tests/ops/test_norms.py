@@ -786,7 +786,8 @@ def test_the_short_row_backward_launches_its_plans_mean(launched):
     x, grad = torch.randn(9, 20, dtype=torch.bfloat16), torch.randn(9, 20, dtype=torch.bfloat16)
     weight, _ = params(20, "cpu", torch.bfloat16)
     for x_dtype, plain in ((torch.bfloat16, True), (torch.float32, False)):
-        layer_norm_entry.backward(grad.to(x_dtype), x.to(x_dtype), [20], weight.to(x_dtype), 1e-5, True, True, tuning=SMALL)
+        x_, grad_, weight_ = (t.to(x_dtype) for t in (x, grad, weight))
+        layer_norm_entry.backward(grad_, x_, [20], weight_, 1e-5, True, True, tuning=SMALL)
         flags = [kwargs["PLAIN"] for _, _, kwargs in launched if "PLAIN" in kwargs]
         assert flags == [plain], x_dtype
         launched.clear()
