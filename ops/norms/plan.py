@@ -51,11 +51,10 @@ Backward, three designs, by row length:
   flight during this one's math.  A program loads a tile of x and dy once,
   recomputes each row's mean (layer norm rows whose inputs are all 16-bit by
   the plain mean, the others corrected, see Tuning.plain_max_cols), then
-  takes the sums of d^2,
-  g d and g (d = x - mean) as one reduction (two of layer norm's exception
-  tiles keep them apart: TileException.one_reduction), writes dx, and adds
-  dy * xhat (and dy) to dw/db accumulators held in registers for its whole
-  run.  At the end it writes them as its own row of a (n_programs, N)
+  takes the sums of d^2, g d and g (d = x - mean) as one reduction (two of
+  layer norm's exception tiles keep them apart: TileException.one_reduction),
+  writes dx, and adds dy * xhat (and dy) to dw/db accumulators held in
+  registers for its whole run.  At the end it writes them as its own row of a (n_programs, N)
   scratch; a second kernel sums the scratch's columns (dw's and db's in one
   launch).  No atomics: each scratch row has one writer, the result is the
   same bits on every run, and the column sum reads a few hundred partial
@@ -885,9 +884,11 @@ def backward_tile(meta: Meta, tuning: Tuning = TUNING) -> tuple[int, int, int, i
 
 def _backward_exception(meta: Meta, tuning: Tuning) -> Optional[TileException]:
     """The first of Tuning.backward_exceptions that takes a CUDA call's short-row backward, if any."""
+    if not meta.facts.cuda:
+        return None
     block_n = next_power_of_2(meta.n_cols)
     takes = (e for e in tuning.backward_exceptions if e.takes(meta.centered, meta.widest, block_n, meta.n_rows))
-    return next(takes, None) if meta.facts.cuda else None
+    return next(takes, None)
 
 
 def _partial_rows(work_items, n_rows, target: int, tuning: Tuning) -> int:
